@@ -1,0 +1,61 @@
+"""FrozenLake 4x4 (not slippery), GRPO, the built-in default model. The default job.
+
+Command:   python -m rollx.train --config=configs/frozenlake.py
+           (or `make train`; overrides: --config.max_steps=50 ...)
+Hardware:  one CPU host (2 cores is enough); no accelerator needed.
+Runtime:   today, the smoke run (validate config, build every env, one random
+           episode per tag) takes ~2 s after imports.
+Expected:  today: exit 0 and one line per env tag. Once the training loop lands
+           (AgenticPipeline issue): validation success >= 0.8 within 20 min of wall
+           time on 2 CPU cores, from the format-warm-started default model.
+
+Every training map is random (new solvable map per group and generation); the
+validation maps come from a disjoint seed stream, so validation measures
+generalisation to unseen maps (REFERENCE.md sections 3, 4 and 9).
+"""
+
+from rollx import config as rollx_config
+
+
+def get_config():
+  config = rollx_config.default_config()
+  config.exp_name = "frozenlake_grpo"
+  config.seed = 42
+  config.max_steps = 200  # global steps
+  config.save_steps = 50
+  config.logging_steps = 10
+  config.eval_steps = 10
+  config.rollout_batch_size = 256  # 32 groups x 8 episodes
+  config.val_batch_size = 64  # 64 unseen maps, greedy
+  config.sequence_length = 512  # 10 turns of a 4x4 grid fit easily
+
+  config.adv_estimator = "grpo"  # group-normalised episode scores
+  config.ppo_epochs = 1
+  config.pg_clip = 0.2
+  config.init_kl_coef = 0.0  # no KL-in-reward ...
+  config.use_kl_loss = True  # ... but a KL loss to the warm-start policy, for stability
+  config.kl_loss_coef = 0.01
+  config.entropy_loss_coef = 0.001  # keeps groups diverse enough to carry signal
+  config.whiten_advantages = False
+
+  config.actor_train.training_args.learning_rate = 3e-4  # a small model from scratch
+  config.actor_train.training_args.warmup_steps = 5
+  config.actor_train.training_args.lr_scheduler_type = "constant"
+  config.actor_infer.generating_args.max_new_tokens = 8  # "<answer>Right</answer>"
+  config.actor_infer.generating_args.temperature = 1.0
+  config.actor_infer.generating_args.top_p = 1.0
+
+  config.train_env_manager.num_env_groups = 32
+  config.train_env_manager.group_size = 8  # 8 episodes share one map
+  config.train_env_manager.max_env_num_per_worker = 128
+  config.train_env_manager.tags = ("FrozenLake",)
+  config.val_env_manager.num_env_groups = 64
+  config.val_env_manager.group_size = 1
+  config.val_env_manager.max_env_num_per_worker = 64
+  config.val_env_manager.tags = ("FrozenLake",)
+
+  config.custom_envs.FrozenLake = rollx_config.env_entry(
+      "FrozenLake",
+      env_config=dict(size=4, p=0.8, is_slippery=False, max_steps=10),
+      max_tokens_per_step=8)
+  return config

@@ -1,0 +1,160 @@
+"""The text-env protocol every rollx environment follows.
+
+    obs, info = env.reset(seed)
+    obs, reward, terminated, truncated, info = env.step(response_text)
+    frame = env.render("text") | env.render("rgb_array")
+
+`step` takes the model's raw response. The base class parses it with the
+configured `action_pattern`; a response that names no valid action is an invalid
+action: the state does not change, the reward is the env's `format_penalty`, and
+`info["action_is_valid"]` is False. It counts towards `max_steps` like any action,
+so a model that never answers well still ends its episode.
+
+Subclasses provide `ACTIONS`, a dataclass `Config` (extending `TextEnvConfig`),
+and four hooks: `_new_episode(seed)`, `_apply(action)`, `render_text()`,
+`render_rgb()`; plus `instructions` for the prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Dict, Optional, Sequence, Tuple
+
+import gymnasium
+import numpy as np
+
+from envs import parsing
+
+RENDER_MODES = ("text", "rgb_array")
+
+
+@dataclasses.dataclass
+class TextEnvConfig:
+  max_steps: int = 10  # actions per episode, invalid ones included; then truncated
+  format_penalty: float = -0.1  # reward of an invalid (unparseable) action
+  action_pattern: str = parsing.DEFAULT_ACTION_PATTERN  # one capture group
+
+
+class TextEnv(gymnasium.Env):
+  """Base class: parsing, invalid actions, step budget, gymnasium plumbing."""
+
+  ACTIONS: ClassVar[Tuple[str, ...]] = ()
+  Config: ClassVar[type] = TextEnvConfig
+  env_type: ClassVar[str] = ""  # set by @register_env
+  metadata = {"render_modes": list(RENDER_MODES), "render_fps": 4}
+
+  def __init__(self, config: Optional[TextEnvConfig] = None,
+               render_mode: Optional[str] = None):
+    self.config = config if config is not None else self.Config()
+    if render_mode is not None and render_mode not in RENDER_MODES:
+      raise ValueError(f"render_mode must be one of {RENDER_MODES}, got {render_mode!r}")
+    if self.config.max_steps < 1:
+      raise ValueError(f"max_steps must be >= 1, got {self.config.max_steps}")
+    parsing.compile_action_pattern(self.config.action_pattern)
+    self.check_config()
+    self.render_mode = render_mode
+    self.action_space = gymnasium.spaces.Text(max_length=parsing.MAX_RESPONSE_CHARS)
+    self.observation_space = gymnasium.spaces.Text(
+        max_length=4096, charset=self.observation_charset())
+    self.num_steps = 0
+    self.num_invalid_actions = 0
+    self.done = True
+    self.success = False
+
+  # -- hooks ---------------------------------------------------------------
+  def check_config(self) -> None:
+    """Raises ValueError naming the field for a config this env cannot run."""
+
+  def observation_charset(self) -> str:
+    raise NotImplementedError
+
+  def _new_episode(self, seed: int) -> None:
+    """Builds the level for `seed` (same seed -> same level)."""
+    raise NotImplementedError
+
+  def _apply(self, action: str) -> Tuple[float, bool, bool]:
+    """Applies a valid action; returns (reward, terminated, success)."""
+    raise NotImplementedError
+
+  def render_text(self) -> str:
+    raise NotImplementedError
+
+  def render_rgb(self) -> np.ndarray:
+    raise NotImplementedError
+
+  @property
+  def instructions(self) -> str:
+    """The game's rules, symbols and answer format, for the system/first prompt."""
+    raise NotImplementedError
+
+  # -- protocol ------------------------------------------------------------
+  def reset(self, seed: Optional[int] = None,
+            options: Optional[Dict[str, Any]] = None) -> Tuple[str, Dict[str, Any]]:
+    super().reset(seed=seed)
+    if seed is None:
+      seed = int(self.np_random.integers(0, 2**31 - 1))
+    self._new_episode(int(seed))
+    self.num_steps = 0
+    self.num_invalid_actions = 0
+    self.done = False
+    self.success = False
+    return self.render_text(), {"seed": int(seed), "actions_left": self.actions_left}
+
+  def step(self, action_text) -> Tuple[str, float, bool, bool, Dict[str, Any]]:
+    if self.done:
+      raise RuntimeError(f"{type(self).__name__}.step() called on a finished "
+                         "episode; call reset() first")
+    action = parsing.parse_action(action_text, self.ACTIONS, self.config.action_pattern)
+    self.num_steps += 1
+    if action is None:
+      self.num_invalid_actions += 1
+      reward, terminated = float(self.config.format_penalty), False
+    else:
+      reward, terminated, self.success = self._apply(action)
+    truncated = not terminated and self.num_steps >= self.config.max_steps
+    self.done = terminated or truncated
+    info = {
+        "action_is_valid": action is not None,
+        "action": action,
+        "success": bool(self.success),
+        "actions_left": self.actions_left,
+        "num_invalid_actions": self.num_invalid_actions,
+    }
+    return self.render_text(), float(reward), bool(terminated), bool(truncated), info
+
+  def render(self, mode: Optional[str] = None):
+    mode = mode or self.render_mode or "text"
+    if mode == "text":
+      return self.render_text()
+    if mode == "rgb_array":
+      return self.render_rgb()
+    raise ValueError(f"render mode must be one of {RENDER_MODES}, got {mode!r}")
+
+  @property
+  def actions_left(self) -> int:
+    return self.config.max_steps - self.num_steps
+
+  def sample_valid_response(self, rng: np.random.Generator) -> str:
+    """A well-formed response with a uniformly random action (smoke runs, warm starts)."""
+    return f"<answer>{self.ACTIONS[int(rng.integers(len(self.ACTIONS)))]}</answer>"
+
+
+def grid_to_rgb(grid: Sequence[Sequence[str]], palette: Dict[str, Tuple[tuple, Optional[tuple]]],
+                cell_px: int = 24) -> np.ndarray:
+  """Draws a symbol grid: each cell filled with its colour, plus an inner marker.
+
+  `palette[symbol] = (background_rgb, marker_rgb or None)`.
+  """
+  h, w = len(grid), len(grid[0])
+  image = np.zeros((h * cell_px, w * cell_px, 3), np.uint8)
+  pad = cell_px // 4
+  for r, row in enumerate(grid):
+    for c, symbol in enumerate(row):
+      background, marker = palette[symbol]
+      y, x = r * cell_px, c * cell_px
+      image[y:y + cell_px, x:x + cell_px] = background
+      if marker is not None:
+        image[y + pad:y + cell_px - pad, x + pad:x + cell_px - pad] = marker
+      image[y, x:x + cell_px] = 40  # grid lines
+      image[y:y + cell_px, x] = 40
+  return image

@@ -1,0 +1,477 @@
+"""Every config key with its default, and the one validation pass at start-up.
+
+A config file (`configs/*.py`) starts from `default_config()`, changes what its
+experiment needs, and adds its envs with `env_entry`. `validate` then checks the
+whole tree once: unknown keys, wrong types, values out of range, and the
+cross-key rules (env tags, group partitions, batch sizes). Every problem is
+reported with the dotted key that caused it, e.g.
+
+    config.train_env_manager.num_groups_partition: sums to 6, but num_env_groups is 8
+
+Optional keys (None = unset) are ml_collections placeholders so that command-line
+overrides such as `--config.pretrain=/path/to/hf_dir` know their type.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import ml_collections
+from ml_collections import config_dict
+
+import envs
+
+ADV_ESTIMATORS = ("gae", "grpo", "reinforce", "gigpo")
+DTYPES = ("bf16", "fp32", "fp16")
+LR_SCHEDULERS = ("constant", "linear", "cosine")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+NORM_GROUPINGS = ("traj_group_id", "tags", "batch")
+NORM_METHODS = ("mean_std", "mean", "identity")
+WORKER_ROLES = ("actor_train", "actor_infer", "critic", "reference")
+ENV_MANAGERS = ("train_env_manager", "val_env_manager")
+
+# Keys whose value may take one of several types (checked instead of the default's).
+_UNION_TYPES = {"resume_from_checkpoint": (str, bool)}
+
+
+class ConfigError(ValueError):
+  """One or more config problems; `errors` is a list of (dotted_key, message)."""
+
+  def __init__(self, errors: Sequence[Tuple[str, str]]):
+    self.errors = list(errors)
+    super().__init__("; ".join(f"config.{k}: {m}" for k, m in self.errors))
+
+  @property
+  def key(self) -> str:
+    return self.errors[0][0]
+
+
+def _cd(**fields) -> ml_collections.ConfigDict:
+  # type_safe=False: type checks belong to `validate`, which names the key; a
+  # type-safe ConfigDict would raise from inside the user's config file instead.
+  return ml_collections.ConfigDict(fields, type_safe=False)
+
+
+def _worker(*, learning_rate: float, **extra) -> ml_collections.ConfigDict:
+  """One worker role's block, the same shape for actor_train/infer, critic, reference."""
+  return _cd(
+      model_args=_cd(
+          model_type="causal_lm",  # causal_lm (policy, reference) | value head (critic)
+          dtype="fp32",  # compute dtype (params stay fp32): bf16 | fp16 | fp32
+          attn_implementation="xla",  # xla | cudnn (flash) where available
+          disable_gradient_checkpointing=False,  # True: no remat (faster, more memory)
+      ),
+      training_args=_cd(
+          learning_rate=learning_rate,
+          per_device_train_batch_size=8,  # micro-batch per data-parallel shard
+          gradient_accumulation_steps=1,
+          weight_decay=0.0,
+          warmup_steps=0,
+          lr_scheduler_type="constant",  # constant | linear | cosine (after warmup)
+          max_grad_norm=1.0,  # global-norm clip; <= 0 disables
+          adam_beta1=0.9,
+          adam_beta2=0.999,
+          adam_eps=1e-8,
+      ),
+      generating_args=_cd(
+          max_new_tokens=64,  # per turn, further capped by max_tokens_per_step
+          temperature=1.0,  # 0 = greedy
+          top_p=1.0,
+          top_k=0,  # 0 = off
+          num_return_sequences=1,
+      ),
+      strategy_args=_cd(
+          strategy_name="jax",  # jax (jit over a mesh) | jetstream (actor_infer)
+          dp_size=-1,  # -1 = fill with the devices left over
+          fsdp_size=1,
+          tp_size=1,
+          pp_size=1,
+          num_microbatches=1,  # pipeline microbatches (pp_size > 1)
+          max_concurrent_decodes=64,  # KV-cache slots per inference server
+          num_servers=1,  # inference servers behind the rollout client
+      ),
+      device_mapping=config_dict.placeholder(tuple),  # device ids; None = all devices
+      **extra,
+  )
+
+
+def _env_manager(*, num_env_groups: int, group_size: int) -> ml_collections.ConfigDict:
+  return _cd(
+      max_env_num_per_worker=16,  # envs hosted by one Ray env worker
+      num_env_groups=num_env_groups,  # groups per generation
+      group_size=group_size,  # envs per group; all share one level (seed)
+      tags=("FrozenLake",),  # custom_envs entries the groups are drawn from
+      num_groups_partition=config_dict.placeholder(tuple),  # groups per tag; None = equal
+  )
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every key rollx reads, with its default. Config files start from this."""
+  return _cd(
+      # -- experiment ----------------------------------------------------------
+      exp_name="rollx",
+      seed=42,
+      logging_dir="./output/logs",  # TensorBoard event files
+      output_dir="./output",  # checkpoints and exported models
+      render_save_dir="./output/render",  # validation episode frames / GIFs
+      # -- schedule ------------------------------------------------------------
+      max_steps=100,  # global (pipeline) steps
+      save_steps=50,  # checkpoint every N steps (and at the end)
+      logging_steps=10,  # trajectory transcripts every N steps
+      eval_steps=10,  # validation every N steps; 0 = never
+      resume_from_checkpoint="",  # '' / False = fresh; 'true' = latest in output_dir; or a path
+      # -- models --------------------------------------------------------------
+      pretrain=config_dict.placeholder(str),  # local HF dir; None = built-in default model
+      reward_pretrain=config_dict.placeholder(str),  # reward model HF dir (unused by env rewards)
+      # -- rollout -------------------------------------------------------------
+      rollout_batch_size=64,  # trajectories per training step (a multiple of group_size)
+      val_batch_size=16,  # trajectories per validation
+      sequence_length=1024,  # max tokens of one sample (prompt + all turns)
+      async_generation_ratio=0.0,  # k > 0: async rollout, samples at most k versions stale
+      # -- algorithm -----------------------------------------------------------
+      adv_estimator="grpo",  # gae | grpo | reinforce | gigpo
+      ppo_epochs=1,
+      gamma=1.0,
+      lambd=1.0,  # GAE lambda
+      pg_clip=0.2,  # PPO ratio clip
+      pg_clip_low=config_dict.placeholder(float),  # asymmetric clip; None = pg_clip
+      pg_clip_high=config_dict.placeholder(float),
+      dual_clip_loss=False,
+      value_clip=0.5,  # critic value clip; <= 0 disables
+      init_kl_coef=0.0,  # KL-in-reward coefficient
+      target_kl=config_dict.placeholder(float),  # adaptive KL controller target; None = fixed
+      kl_horizon=10000,  # adaptive KL controller horizon
+      use_kl_loss=False,  # KL as a loss term instead of a reward penalty
+      kl_loss_coef=0.0,
+      whiten_advantages=False,
+      advantage_clip=config_dict.placeholder(float),  # |A| clip; None = off
+      entropy_loss_coef=0.0,
+      critic_warmup=0,  # steps of critic-only training before the actor trains
+      loss_agg_mode="token-mean",
+      reward_normalization=_cd(
+          grouping="traj_group_id",  # traj_group_id | tags | batch
+          method="mean_std",  # mean_std | mean | identity
+      ),
+      step_reward_gamma=0.95,  # GiGPO step return discount
+      gigpo_omega=1.0,  # GiGPO weight of the step-level advantage
+      # -- workers -------------------------------------------------------------
+      actor_train=_worker(learning_rate=1e-6, model_update_frequency=1),
+      actor_infer=_worker(learning_rate=0.0),
+      critic=_worker(learning_rate=1e-5),
+      reference=_worker(learning_rate=0.0),
+      # -- envs ----------------------------------------------------------------
+      train_env_manager=_env_manager(num_env_groups=8, group_size=8),
+      val_env_manager=_env_manager(num_env_groups=16, group_size=1),
+      custom_envs=_cd(),  # tag -> env_entry(...)
+  )
+
+
+def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
+              max_tokens_per_step: int = 64) -> ml_collections.ConfigDict:
+  """A `custom_envs` entry: which env class, its config, and the per-turn token cap."""
+  return _cd(env_type=env_type, env_config=_cd(**(env_config or {})),
+             max_tokens_per_step=max_tokens_per_step)
+
+
+_ENV_ENTRY_KEYS = tuple(env_entry("FrozenLake").keys())
+
+
+# -- validation ---------------------------------------------------------------
+
+
+def _type_name(t) -> str:
+  return t.__name__ if isinstance(t, type) else " or ".join(x.__name__ for x in t)
+
+
+def _check_type(value, expected) -> Tuple[bool, Any]:
+  """Whether `value` fits type `expected`; also returns it normalised (int->float, list->tuple)."""
+  if isinstance(expected, tuple):
+    return any(_check_type(value, t)[0] for t in expected), value
+  if expected is bool:
+    return isinstance(value, bool), value
+  if expected is int:
+    return isinstance(value, int) and not isinstance(value, bool), value
+  if expected is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return ok, float(value) if ok else value
+  if expected is tuple:
+    ok = isinstance(value, (tuple, list))
+    return ok, tuple(value) if ok else value
+  return isinstance(value, expected), value
+
+
+def _leaf_type(cfg: ml_collections.ConfigDict, key: str):
+  """(type, optional) of a default leaf; placeholders carry their declared type."""
+  ref = cfg.get_ref(key)
+  value = ref.get()
+  if value is None:
+    return ref.get_type(), True
+  return type(value), False
+
+
+def _did_you_mean(key: str, options) -> str:
+  close = difflib.get_close_matches(key, list(options), n=1)
+  return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class _Checker:
+
+  def __init__(self):
+    self.errors: List[Tuple[str, str]] = []
+
+  def error(self, key: str, message: str):
+    self.errors.append((key, message))
+
+  def tree(self, cfg, defaults, prefix: str = ""):
+    """Unknown keys and leaf types of `cfg` against `defaults`, recursively."""
+    for key in cfg.keys():
+      path = prefix + key
+      if key not in defaults:
+        if prefix == "" or not path.startswith("custom_envs."):
+          self.error(path, f"unknown key{_did_you_mean(key, defaults.keys())}")
+        continue
+      if path == "custom_envs":
+        continue  # free-form: tag -> entry, checked by `custom_envs`
+      default_value = defaults[key]
+      value = cfg[key]
+      if isinstance(default_value, ml_collections.ConfigDict):
+        if not isinstance(value, (ml_collections.ConfigDict, dict)):
+          self.error(path, f"expected a block of keys, got {type(value).__name__} {value!r}")
+        else:
+          self.tree(value, default_value, path + ".")
+        continue
+      expected, optional = _leaf_type(defaults, key)
+      expected = _UNION_TYPES.get(path, expected)
+      if value is None and optional:
+        continue
+      ok, normalised = _check_type(value, expected)
+      if not ok:
+        self.error(path, f"expected {_type_name(expected)}"
+                   f"{' or None' if optional else ''}, got {type(value).__name__} {value!r}")
+      elif normalised is not value:
+        cfg[key] = normalised
+
+  def rule(self, ok: bool, key: str, message: str):
+    if not ok:
+      self.error(key, message)
+
+  def choice(self, cfg, key: str, path: str, options: Sequence[str]):
+    value = cfg.get(key)
+    if isinstance(value, str) and value not in options:
+      self.error(path, f"{value!r} is not one of {', '.join(options)}"
+                 f"{_did_you_mean(value, options)}")
+
+
+def _is_int(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _ranges(c: _Checker, cfg):
+  for key in ("max_steps", "save_steps", "logging_steps", "rollout_batch_size",
+              "val_batch_size", "sequence_length", "ppo_epochs", "kl_horizon"):
+    if _is_int(cfg[key]):
+      c.rule(cfg[key] >= 1, key, f"must be >= 1, got {cfg[key]}")
+  for key in ("eval_steps", "critic_warmup"):
+    if _is_int(cfg[key]):
+      c.rule(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
+  for key in ("gamma", "lambd", "step_reward_gamma"):
+    if isinstance(cfg[key], float):
+      c.rule(0.0 <= cfg[key] <= 1.0, key, f"must be in [0, 1], got {cfg[key]}")
+  for key in ("pg_clip", "pg_clip_low", "pg_clip_high", "target_kl", "advantage_clip"):
+    if isinstance(cfg[key], float):
+      c.rule(cfg[key] > 0, key, f"must be > 0, got {cfg[key]}")
+  for key in ("init_kl_coef", "kl_loss_coef", "async_generation_ratio"):
+    if isinstance(cfg[key], float):
+      c.rule(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
+  c.choice(cfg, "adv_estimator", "adv_estimator", ADV_ESTIMATORS)
+  c.choice(cfg, "loss_agg_mode", "loss_agg_mode", LOSS_AGG_MODES)
+  if isinstance(cfg.reward_normalization, (ml_collections.ConfigDict, dict)):
+    c.choice(cfg.reward_normalization, "grouping", "reward_normalization.grouping",
+             NORM_GROUPINGS)
+    c.choice(cfg.reward_normalization, "method", "reward_normalization.method", NORM_METHODS)
+
+
+def _workers(c: _Checker, cfg):
+  for role in WORKER_ROLES:
+    w = cfg[role]
+    if not isinstance(w, (ml_collections.ConfigDict, dict)):
+      continue
+    c.choice(w.model_args, "dtype", f"{role}.model_args.dtype", DTYPES)
+    t = w.training_args
+    c.choice(t, "lr_scheduler_type", f"{role}.training_args.lr_scheduler_type",
+             LR_SCHEDULERS)
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+      if _is_int(t[key]):
+        c.rule(t[key] >= 1, f"{role}.training_args.{key}", f"must be >= 1, got {t[key]}")
+    for key in ("learning_rate", "weight_decay"):
+      if isinstance(t[key], float):
+        c.rule(t[key] >= 0, f"{role}.training_args.{key}", f"must be >= 0, got {t[key]}")
+    if _is_int(t.warmup_steps):
+      c.rule(t.warmup_steps >= 0, f"{role}.training_args.warmup_steps",
+             f"must be >= 0, got {t.warmup_steps}")
+    g = w.generating_args
+    if isinstance(g.temperature, float):
+      c.rule(g.temperature >= 0, f"{role}.generating_args.temperature",
+             f"must be >= 0, got {g.temperature}")
+    if isinstance(g.top_p, float):
+      c.rule(0 < g.top_p <= 1, f"{role}.generating_args.top_p", f"must be in (0, 1], got {g.top_p}")
+    for key in ("top_k",):
+      if _is_int(g[key]):
+        c.rule(g[key] >= 0, f"{role}.generating_args.{key}", f"must be >= 0, got {g[key]}")
+    for key in ("max_new_tokens", "num_return_sequences"):
+      if _is_int(g[key]):
+        c.rule(g[key] >= 1, f"{role}.generating_args.{key}", f"must be >= 1, got {g[key]}")
+    s = w.strategy_args
+    fills = []
+    for key in ("dp_size", "fsdp_size", "tp_size", "pp_size"):
+      if _is_int(s[key]):
+        c.rule(s[key] >= 1 or s[key] == -1, f"{role}.strategy_args.{key}",
+               f"must be >= 1 or -1 (fill), got {s[key]}")
+        if s[key] == -1:
+          fills.append(key)
+    c.rule(len(fills) <= 1, f"{role}.strategy_args.{fills[-1] if fills else ''}",
+           f"only one of {', '.join(fills)} may be -1 (fill)")
+    for key in ("num_microbatches", "max_concurrent_decodes", "num_servers"):
+      if _is_int(s[key]):
+        c.rule(s[key] >= 1, f"{role}.strategy_args.{key}", f"must be >= 1, got {s[key]}")
+    dm = w.device_mapping
+    if isinstance(dm, tuple):
+      c.rule(all(_is_int(d) and d >= 0 for d in dm) and len(set(dm)) == len(dm) and dm,
+             f"{role}.device_mapping", f"must be distinct device ids >= 0, got {dm}")
+  f = cfg.actor_train.get("model_update_frequency")
+  if _is_int(f):
+    c.rule(f >= 1, "actor_train.model_update_frequency", f"must be >= 1, got {f}")
+
+
+def _custom_envs(c: _Checker, cfg):
+  for tag, entry in cfg.custom_envs.items():
+    path = f"custom_envs.{tag}"
+    if not isinstance(entry, (ml_collections.ConfigDict, dict)):
+      c.error(path, f"expected env_entry(...), got {type(entry).__name__} {entry!r}")
+      continue
+    for key in entry.keys():
+      if key not in _ENV_ENTRY_KEYS:
+        c.error(f"{path}.{key}", f"unknown key{_did_you_mean(key, _ENV_ENTRY_KEYS)}")
+    env_type = entry.get("env_type")
+    if env_type is None:
+      c.error(f"{path}.env_type", "missing")
+      continue
+    if env_type not in envs.registered_env_types():
+      c.error(f"{path}.env_type", f"unknown env_type {env_type!r}"
+              f"{_did_you_mean(env_type, envs.registered_env_types())}; registered: "
+              f"{', '.join(envs.registered_env_types())}")
+      continue
+    mt = entry.get("max_tokens_per_step")
+    if not _is_int(mt) or mt < 1:
+      c.error(f"{path}.max_tokens_per_step", f"must be an int >= 1, got {mt!r}")
+    env_config = entry.get("env_config") or {}
+    if not isinstance(env_config, (ml_collections.ConfigDict, dict)):
+      c.error(f"{path}.env_config", f"expected a block of keys, got {env_config!r}")
+      continue
+    env_config = dict(env_config.items())
+    fields = envs.env_config_fields(env_type)
+    defaults = envs.env_class(env_type).Config()
+    bad = False
+    for key, value in env_config.items():
+      if key not in fields:
+        c.error(f"{path}.env_config.{key}",
+                f"unknown key for env_type {env_type}{_did_you_mean(key, fields)}; "
+                f"known: {', '.join(fields)}")
+        bad = True
+        continue
+      default_value = getattr(defaults, key)
+      if default_value is not None and value is not None:
+        ok, normalised = _check_type(value, type(default_value))
+        if not ok:
+          c.error(f"{path}.env_config.{key}", f"expected {type(default_value).__name__}, "
+                  f"got {type(value).__name__} {value!r}")
+          bad = True
+        else:
+          env_config[key] = normalised
+      if isinstance(value, ml_collections.ConfigDict):
+        env_config[key] = value.to_dict()
+    if not bad:
+      try:  # the env's own checks (sizes, symbols, ...) by building one
+        envs.make_env(env_type, env_config)
+      except (ValueError, TypeError) as e:
+        c.error(f"{path}.env_config", str(e))
+
+
+def _env_managers(c: _Checker, cfg):
+  for name in ENV_MANAGERS:
+    m = cfg[name]
+    if not isinstance(m, (ml_collections.ConfigDict, dict)):
+      continue
+    for key in ("max_env_num_per_worker", "num_env_groups", "group_size"):
+      if _is_int(m[key]):
+        c.rule(m[key] >= 1, f"{name}.{key}", f"must be >= 1, got {m[key]}")
+    tags = m.tags
+    if not isinstance(tags, tuple):
+      continue
+    c.rule(len(tags) > 0, f"{name}.tags", "must name at least one custom_envs entry")
+    for tag in tags:
+      if tag not in cfg.custom_envs:
+        c.error(f"{name}.tags", f"tag {tag!r} has no custom_envs entry"
+                f"{_did_you_mean(str(tag), cfg.custom_envs.keys())}; "
+                f"custom_envs has: {', '.join(cfg.custom_envs.keys()) or 'nothing'}")
+    part = m.num_groups_partition
+    if part is not None and _is_int(m.num_env_groups):
+      if len(part) != len(tags):
+        c.error(f"{name}.num_groups_partition",
+                f"has {len(part)} entries but tags has {len(tags)}")
+      elif not all(_is_int(p) and p >= 0 for p in part):
+        c.error(f"{name}.num_groups_partition", f"must be ints >= 0, got {part}")
+      elif sum(part) != m.num_env_groups:
+        c.error(f"{name}.num_groups_partition",
+                f"sums to {sum(part)}, but num_env_groups is {m.num_env_groups}")
+    elif _is_int(m.num_env_groups) and tags:
+      c.rule(m.num_env_groups >= len(tags), f"{name}.num_env_groups",
+             f"{m.num_env_groups} groups cannot cover {len(tags)} tags")
+  gs = cfg.train_env_manager.group_size
+  if _is_int(gs) and _is_int(cfg.rollout_batch_size) and gs >= 1:
+    c.rule(cfg.rollout_batch_size % gs == 0, "rollout_batch_size",
+           f"{cfg.rollout_batch_size} is not a multiple of train_env_manager.group_size={gs}"
+           " (batches hold whole groups)")
+  c.rule(cfg.val_env_manager.group_size == 1 or not _is_int(cfg.val_env_manager.group_size),
+         "val_env_manager.group_size", "validation runs one env per group (group_size 1)")
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Checks `config` in place (normalising int->float, list->tuple); raises ConfigError."""
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError([("", f"expected an ml_collections.ConfigDict, got {type(config).__name__}")])
+  c = _Checker()
+  c.tree(config, default_config())
+  if c.errors:  # the cross-key rules below assume a well-typed tree
+    raise ConfigError(c.errors)
+  _ranges(c, config)
+  for key in ("pretrain", "reward_pretrain"):
+    path = config[key]
+    if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+      c.error(key, f"{path!r} is not a Hugging Face model directory (no config.json)")
+  _workers(c, config)
+  _custom_envs(c, config)
+  _env_managers(c, config)
+  if c.errors:
+    raise ConfigError(c.errors)
+  if isinstance(config.resume_from_checkpoint, bool):
+    config.resume_from_checkpoint = "true" if config.resume_from_checkpoint else ""
+  return config
+
+
+def groups_per_tag(manager: ml_collections.ConfigDict) -> Dict[str, int]:
+  """How many env groups each tag gets: `num_groups_partition`, or an equal split
+  (the remainder going to the first tags)."""
+  tags = tuple(manager.tags)
+  if manager.num_groups_partition is not None:
+    return dict(zip(tags, (int(p) for p in manager.num_groups_partition)))
+  base, extra = divmod(manager.num_env_groups, len(tags))
+  return {t: base + (i < extra) for i, t in enumerate(tags)}
+
+
+def env_config_of(config: ml_collections.ConfigDict, tag: str) -> Tuple[str, Dict[str, Any]]:
+  """(env_type, env_config as a plain dict) of a custom_envs tag."""
+  entry = config.custom_envs[tag]
+  return entry.env_type, ml_collections.ConfigDict(entry.env_config).to_dict()

@@ -1,0 +1,131 @@
+import importlib.util
+import os
+
+import pytest
+
+from rollx import config as config_lib
+from tests.conftest import ROOT
+
+
+def load(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def errors_of(config):
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(config)
+  return dict(e.value.errors)
+
+
+@pytest.mark.parametrize("name", ["frozenlake", "sokoban"])
+def test_shipped_configs_validate(name):
+  config = config_lib.validate(load(name))
+  assert config.custom_envs
+
+
+def test_schema_covers_the_seed_keys():
+  c = config_lib.default_config()
+  for key in ("exp_name seed logging_dir output_dir render_save_dir max_steps save_steps "
+              "logging_steps eval_steps resume_from_checkpoint pretrain reward_pretrain "
+              "rollout_batch_size val_batch_size sequence_length adv_estimator ppo_epochs "
+              "gamma lambd pg_clip init_kl_coef target_kl whiten_advantages entropy_loss_coef "
+              "critic_warmup async_generation_ratio custom_envs").split():
+    assert key in c, key
+  for role in config_lib.WORKER_ROLES:
+    for block in ("model_args", "training_args", "generating_args", "strategy_args",
+                  "device_mapping"):
+      assert block in c[role]
+    assert {"tp_size", "pp_size"} <= set(c[role].strategy_args.keys())
+  for m in config_lib.ENV_MANAGERS:
+    assert set(c[m].keys()) == {"max_env_num_per_worker", "num_env_groups", "group_size",
+                                "tags", "num_groups_partition"}
+  assert set(config_lib.env_entry("FrozenLake").keys()) == {
+      "env_type", "env_config", "max_tokens_per_step"}
+
+
+@pytest.mark.parametrize("mutate,key,match", [
+    (lambda c: setattr(c, "max_steps", "abc"), "max_steps", "expected int"),
+    (lambda c: setattr(c, "gamma", "high"), "gamma", "expected float"),
+    (lambda c: setattr(c, "whiten_advantages", 1), "whiten_advantages", "expected bool"),
+    (lambda c: setattr(c, "max_stepz", 3), "max_stepz", "did you mean 'max_steps'"),
+    (lambda c: c.actor_train.training_args.__setattr__("lr", 1.0),
+     "actor_train.training_args.lr", "unknown key"),
+    (lambda c: c.actor_train.training_args.__setattr__("learning_rate", "fast"),
+     "actor_train.training_args.learning_rate", "expected float"),
+    (lambda c: setattr(c, "actor_train", 3), "actor_train", "block of keys"),
+    (lambda c: setattr(c.train_env_manager, "tags", "FrozenLake"), "train_env_manager.tags",
+     "expected tuple"),
+])
+def test_type_and_unknown_key_errors(mutate, key, match):
+  config = load("frozenlake")
+  mutate(config)
+  errors = errors_of(config)
+  assert key in errors and match in errors[key], errors
+
+
+@pytest.mark.parametrize("mutate,key,match", [
+    (lambda c: setattr(c.train_env_manager, "tags", ("FrozenLake", "Sokobam")),
+     "train_env_manager.tags", "'Sokobam' has no custom_envs entry"),
+    (lambda c: setattr(c.train_env_manager, "num_groups_partition", (30,)),
+     "train_env_manager.num_groups_partition", "sums to 30, but num_env_groups is 32"),
+    (lambda c: setattr(c.train_env_manager, "num_groups_partition", (16, 16)),
+     "train_env_manager.num_groups_partition", "has 2 entries but tags has 1"),
+    (lambda c: setattr(c, "rollout_batch_size", 100), "rollout_batch_size", "multiple"),
+    (lambda c: setattr(c, "adv_estimator", "ppo"), "adv_estimator", "not one of"),
+    (lambda c: setattr(c, "max_steps", 0), "max_steps", ">= 1"),
+    (lambda c: setattr(c, "gamma", 1.5), "gamma", "[0, 1]"),
+    (lambda c: setattr(c, "pretrain", "/nonexistent"), "pretrain", "no config.json"),
+    (lambda c: setattr(c.actor_train.strategy_args, "tp_size", 0),
+     "actor_train.strategy_args.tp_size", ">= 1 or -1"),
+    (lambda c: setattr(c.critic.strategy_args, "tp_size", -1),
+     "critic.strategy_args.tp_size", "only one of dp_size, tp_size"),
+    (lambda c: setattr(c.actor_infer.generating_args, "top_p", 0.0),
+     "actor_infer.generating_args.top_p", "(0, 1]"),
+    (lambda c: setattr(c.actor_train.training_args, "lr_scheduler_type", "cosin"),
+     "actor_train.training_args.lr_scheduler_type", "did you mean 'cosine'"),
+    (lambda c: setattr(c.val_env_manager, "group_size", 4), "val_env_manager.group_size",
+     "group_size 1"),
+    (lambda c: setattr(c.custom_envs.FrozenLake, "env_type", "FrozenLak"),
+     "custom_envs.FrozenLake.env_type", "did you mean 'FrozenLake'"),
+    (lambda c: setattr(c.custom_envs.FrozenLake.env_config, "slippery", True),
+     "custom_envs.FrozenLake.env_config.slippery", "did you mean 'is_slippery'"),
+    (lambda c: setattr(c.custom_envs.FrozenLake.env_config, "size", "4"),
+     "custom_envs.FrozenLake.env_config.size", "expected int"),
+    (lambda c: setattr(c.custom_envs.FrozenLake.env_config, "p", 0.0),
+     "custom_envs.FrozenLake.env_config", "p must be in"),
+    (lambda c: setattr(c.custom_envs.FrozenLake, "max_tokens_per_step", 0),
+     "custom_envs.FrozenLake.max_tokens_per_step", ">= 1"),
+    (lambda c: setattr(c.custom_envs.FrozenLake, "max_token_per_step", 8),
+     "custom_envs.FrozenLake.max_token_per_step", "unknown key"),
+])
+def test_rule_errors_name_the_key(mutate, key, match):
+  config = load("frozenlake")
+  mutate(config)
+  errors = errors_of(config)
+  assert key in errors and match in errors[key], errors
+
+
+def test_all_errors_reported_in_one_line():
+  config = load("frozenlake")
+  config.max_steps = 0
+  config.gamma = 2.0
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(config)
+  message = str(e.value)
+  assert "\n" not in message and "config.max_steps" in message and "config.gamma" in message
+
+
+def test_normalisation_and_partition():
+  config = load("sokoban")
+  config.gamma = 1
+  config.val_env_manager.num_env_groups = 50
+  config.resume_from_checkpoint = True
+  config_lib.validate(config)
+  assert isinstance(config.gamma, float) and config.resume_from_checkpoint == "true"
+  assert config_lib.groups_per_tag(config.train_env_manager) == {
+      "SimpleSokoban": 8, "LargerSokoban": 4, "SokobanDifferentGridVocab": 4}
+  assert config_lib.groups_per_tag(config.val_env_manager) == {
+      "SimpleSokoban": 17, "LargerSokoban": 17, "SokobanDifferentGridVocab": 16}

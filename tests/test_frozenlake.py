@@ -1,0 +1,98 @@
+import gymnasium
+import numpy as np
+import pytest
+
+import envs
+from envs import frozenlake
+
+GYM_ACTIONS = {"Left": 0, "Down": 1, "Right": 2, "Up": 3}
+
+
+@pytest.mark.parametrize("is_slippery", [False, True])
+def test_transitions_match_gymnasium(is_slippery):
+  for seed in range(20):
+    env = envs.make_env("FrozenLake", dict(is_slippery=is_slippery, max_steps=30))
+    env.reset(seed=seed)
+    ref = gymnasium.make("FrozenLake-v1", desc=env.desc, is_slippery=is_slippery)
+    ref_state, _ = ref.reset(seed=seed)
+    assert env._lake.s == ref_state
+    rng = np.random.default_rng(seed)
+    for _ in range(30):
+      action = frozenlake.FrozenLake.ACTIONS[rng.integers(4)]
+      _, reward, terminated, _, info = env.step(f"<answer>{action}</answer>")
+      ref_state, ref_reward, ref_terminated, _, _ = ref.step(GYM_ACTIONS[action])
+      assert env._lake.s == ref_state
+      assert reward == ref_reward and terminated == ref_terminated
+      assert info["action_is_valid"]
+      if terminated:
+        assert info["success"] == (env.desc[ref_state // 4][ref_state % 4] == "G")
+        break
+
+
+def test_invalid_action_is_penalised_counted_and_does_not_move():
+  env = envs.make_env("FrozenLake")
+  obs, _ = env.reset(seed=3)
+  for i, garbage in enumerate(["", "Right", "<answer>Jump</answer>", "💥" * 100, "x" * 10_000]):
+    new_obs, reward, terminated, truncated, info = env.step(garbage)
+    assert new_obs == obs
+    assert reward == pytest.approx(-0.01)
+    assert not terminated and not info["action_is_valid"]
+    assert info["num_invalid_actions"] == i + 1
+
+
+def test_max_steps_truncates_and_finished_episode_refuses_steps():
+  env = envs.make_env("FrozenLake", dict(max_steps=3))
+  env.reset(seed=0)
+  outs = [env.step("nope") for _ in range(3)]
+  assert [o[3] for o in outs] == [False, False, True]
+  assert outs[-1][4]["actions_left"] == 0
+  with pytest.raises(RuntimeError, match="reset"):
+    env.step("<answer>Up</answer>")
+
+
+def test_same_seed_same_map_and_maps_are_solvable():
+  env = envs.make_env("FrozenLake")
+  maps = {}
+  for seed in range(200):
+    obs, _ = env.reset(seed=seed)
+    assert env.reset(seed=seed)[0] == obs
+    flat = "".join(env.desc)
+    assert flat.count("S") == 1 and flat.count("G") == 1
+    assert frozenlake._has_path(np.array([list(r) for r in env.desc]),
+                                divmod(flat.index("S"), 4), divmod(flat.index("G"), 4))
+    maps[seed] = tuple(env.desc)
+  assert len(set(maps.values())) > 150  # random maps, random start and goal
+
+
+def test_symbols_and_render():
+  env = envs.make_env("FrozenLake", dict(desc=("SFF", "FHF", "FFG")))
+  obs, _ = env.reset(seed=0)
+  assert obs == "P__\n_O_\n__G"
+  env.step("<answer>Down</answer>")
+  obs, *_ = env.step("<answer>Right</answer>")
+  assert obs == "___\n_X_\n__G"
+  env.reset(seed=0)
+  for a in ["Right", "Right", "Down", "Down"]:
+    obs, reward, terminated, _, info = env.step(f"<answer>{a}</answer>")
+  assert obs == "___\n_O_\n__√" and reward == 1.0 and terminated and info["success"]
+  frame = env.render("rgb_array")
+  assert frame.dtype == np.uint8 and frame.shape == (72, 72, 3)
+  assert env.render() == obs
+  with pytest.raises(ValueError, match="render mode"):
+    env.render("human")
+
+
+def test_gymnasium_registration():
+  env = gymnasium.make("rollx/FrozenLake-v0", is_slippery=True, render_mode="rgb_array")
+  obs, _ = env.reset(seed=1)
+  assert isinstance(obs, str) and env.render().ndim == 3
+  env.step("<answer>Up</answer>")
+
+
+def test_bad_env_config_names_field():
+  with pytest.raises(ValueError, match="size"):
+    envs.make_env("FrozenLake", dict(size=1))
+  with pytest.raises(ValueError, match="'sz'"):
+    envs.make_env("FrozenLake", dict(sz=4))
+  with pytest.raises(KeyError, match="Frozen"):
+    envs.make_env("Frozen")
