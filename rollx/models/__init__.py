@@ -1,0 +1,37 @@
+"""Policy and critic models: the Flax decoder (`llm`), HF interop (`hf`), log-probs."""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Optional
+
+import jax.numpy as jnp
+
+from rollx.models import hf, llm
+
+DEFAULT_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default")
+
+
+class LoadedModel(NamedTuple):
+  model: llm.Transformer
+  params: dict
+  config: llm.ModelConfig
+  model_dir: str
+
+
+def resolve_model_dir(pretrain: Optional[str]) -> str:
+  """`pretrain` unset -> the shipped default directory; else the local HF directory."""
+  return DEFAULT_MODEL_DIR if not pretrain else pretrain
+
+
+def load_model(pretrain: Optional[str], dtype: str = "fp32", remat: bool = False,
+               head: str = "lm") -> LoadedModel:
+  """The policy (`head='lm'`) or critic (`head='value'`, trunk from the policy checkpoint)."""
+  model_dir = resolve_model_dir(pretrain)
+  config = hf.load_model_config(model_dir)
+  params = hf.load_params(model_dir, config)
+  if head == "value":
+    params = hf.critic_params_from_policy(params)
+  params = {k: (jnp.asarray(v) if not isinstance(v, dict) else
+                {kk: jnp.asarray(vv) for kk, vv in v.items()}) for k, v in params.items()}
+  return LoadedModel(llm.make_model(config, dtype, remat, head), params, config, model_dir)

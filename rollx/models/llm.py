@@ -1,0 +1,285 @@
+"""A Flax decoder for the Qwen2 / Llama family: policy (LM head) and critic (value head).
+
+Layout choices:
+- One `DecoderLayer` module with flat parameter names (`q_proj`, `gate_proj`, ...)
+  scanned over a leading `layers` axis: params are `[L, ...]` arrays, which the
+  pipeline-parallel code splits into stages and the partition rules address by name.
+- Projection kernels keep heads as their own axis (`q_proj: [d, H, hd]`,
+  `o_proj: [H, hd, d]`), so tensor parallelism can shard `H` without reshapes.
+- Parameters are fp32 masters; `dtype` is the compute dtype. Norms, softmax and
+  logits are computed in fp32.
+- Attention takes an explicit boolean mask `[B, T, S]`; the same code serves
+  training (causal + segment mask), prefill (prompt padded to a bucket) and decode
+  (one token against a KV cache whose slot `i` holds position `i`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture hyper-parameters (what an HF `config.json` fixes)."""
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope_theta: float = 10000.0
+  rms_norm_eps: float = 1e-6
+  tie_word_embeddings: bool = False
+  qkv_bias: bool = False  # Qwen2: True
+  o_bias: bool = False  # Llama attention_bias=True: q, k, v and o all biased
+  max_position_embeddings: int = 4096
+  initializer_range: float = 0.02
+  architecture: str = "Qwen2ForCausalLM"  # the HF class to save as
+  bos_token_id: Optional[int] = None
+  eos_token_id: Optional[int] = None
+  pad_token_id: Optional[int] = None
+
+  def __post_init__(self):
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_attention_heads={self.num_heads} is not a multiple of "
+                       f"num_key_value_heads={self.num_kv_heads}")
+
+  @property
+  def num_params(self) -> int:
+    d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
+    attn = d * hd * (2 * self.num_heads + 2 * self.num_kv_heads)
+    per_layer = attn + 3 * d * f + 2 * d
+    head = 0 if self.tie_word_embeddings else d * self.vocab_size
+    return self.vocab_size * d + self.num_layers * per_layer + d + head
+
+
+class KVCache(NamedTuple):
+  """Keys/values of every layer: `[L, B, S, K, hd]`; slot s holds position s."""
+  k: Array
+  v: Array
+
+
+def rope_cos_sin(positions_bt: Array, head_dim: int, theta: float) -> Tuple[Array, Array]:
+  # HF's convention: frequencies for the first half repeated for the second half.
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  freqs_bth = positions_bt.astype(jnp.float32)[..., None] * inv_freq
+  emb = jnp.concatenate([freqs_bth, freqs_bth], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x_btnh: Array, cos_bth: Array, sin_bth: Array) -> Array:
+  half = x_btnh.shape[-1] // 2
+  rotated = jnp.concatenate([-x_btnh[..., half:], x_btnh[..., :half]], axis=-1)
+  cos, sin = cos_bth[:, :, None, :], sin_bth[:, :, None, :]
+  return (x_btnh.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x_btnh.dtype)
+
+
+def rms_norm(x: Array, scale: Array, eps: float, dtype) -> Array:
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (scale * y).astype(dtype)
+
+
+def causal_segment_mask(segment_ids_bt: Array) -> Array:
+  """[B, T, T] mask: causal, within one segment, never onto padding (segment 0)."""
+  t = segment_ids_bt.shape[1]
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  same = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
+  return causal[None] & same & (segment_ids_bt[:, None, :] != 0)
+
+
+def positions_from_segments(segment_ids_bt: Array) -> Array:
+  """Position ids restarting at 0 in each segment (packed rows)."""
+  def row(seg):
+    idx = jnp.arange(seg.shape[0])
+    starts = jnp.concatenate([jnp.array([True]), seg[1:] != seg[:-1]])
+    start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=0)
+    return idx - start_idx
+  return jax.vmap(row)(segment_ids_bt)
+
+
+class DecoderLayer(nn.Module):
+  config: ModelConfig
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache, cache_index_b):
+    cfg, dt = self.config, self.dtype
+    d, n, k, hd, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                      cfg.intermediate_size)
+    init = nn.initializers.normal(cfg.initializer_range)
+    zeros, ones = nn.initializers.zeros, nn.initializers.ones
+    p = lambda name, shape, i=init: self.param(name, i, shape, jnp.float32).astype(dt)
+
+    h = rms_norm(x_btd, self.param("input_layernorm", ones, (d,), jnp.float32),
+                 cfg.rms_norm_eps, dt)
+    q = jnp.einsum("btd,dnh->btnh", h, p("q_proj", (d, n, hd)))
+    kk = jnp.einsum("btd,dkh->btkh", h, p("k_proj", (d, k, hd)))
+    v = jnp.einsum("btd,dkh->btkh", h, p("v_proj", (d, k, hd)))
+    if cfg.qkv_bias:
+      q = q + p("q_bias", (n, hd), zeros)
+      kk = kk + p("k_bias", (k, hd), zeros)
+      v = v + p("v_bias", (k, hd), zeros)
+    q, kk = apply_rope(q, cos_bth, sin_bth), apply_rope(kk, cos_bth, sin_bth)
+
+    if cache is None:  # training / prefill: attend over this call's own keys
+      keys, values = kk, v
+      new_cache = (kk, v)
+    else:  # decode: write this call's keys at each row's position, attend to the cache
+      write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (i, 0, 0)))
+      keys = write(cache[0], kk, cache_index_b)
+      values = write(cache[1], v, cache_index_b)
+      new_cache = (keys, values)
+
+    b, t = q.shape[:2]
+    q = q.reshape(b, t, k, n // k, hd)  # grouped-query attention: G query heads per kv head
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, keys.astype(dt),
+                        preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(hd))
+    scores = jnp.where(mask_bts[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    attn = jnp.einsum("bkgts,bskh->btkgh", probs, values.astype(dt)).reshape(b, t, n, hd)
+    out = jnp.einsum("btnh,nhd->btd", attn, p("o_proj", (n, hd, d)))
+    if cfg.o_bias:
+      out = out + p("o_bias", (d,), zeros)
+    x_btd = x_btd + out
+
+    h = rms_norm(x_btd, self.param("post_attention_layernorm", ones, (d,), jnp.float32),
+                 cfg.rms_norm_eps, dt)
+    gate = jnp.einsum("btd,df->btf", h, p("gate_proj", (d, f)))
+    up = jnp.einsum("btd,df->btf", h, p("up_proj", (d, f)))
+    x_btd = x_btd + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, p("down_proj", (f, d)))
+    return x_btd, new_cache
+
+
+class Transformer(nn.Module):
+  """Decoder trunk + head. `head='lm'` gives logits `[B,T,V]`, `'value'` values `[B,T]`."""
+  config: ModelConfig
+  dtype: Any = jnp.float32
+  remat: bool = False
+  head: str = "lm"
+
+  @nn.compact
+  def __call__(self, tokens_bt: Array, positions_bt: Array, mask_bts: Array,
+               cache: Optional[KVCache] = None, cache_index_b: Optional[Array] = None):
+    cfg = self.config
+    embed = self.param("embed_tokens", nn.initializers.normal(cfg.initializer_range),
+                       (cfg.vocab_size, cfg.hidden_size), jnp.float32)
+    x = jnp.take(embed, tokens_bt, axis=0).astype(self.dtype)
+    cos, sin = rope_cos_sin(positions_bt, cfg.head_dim, cfg.rope_theta)
+
+    layer_cls = DecoderLayer
+    if self.remat:
+      layer_cls = nn.remat(DecoderLayer, prevent_cse=False,
+                           policy=jax.checkpoint_policies.nothing_saveable)
+    layers = nn.scan(
+        layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
+        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast),
+        length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
+    )(cfg, self.dtype, name="layers")
+    layer_cache = None if cache is None else (cache.k, cache.v)
+    x, new_cache = layers(x, cos, sin, mask_bts, layer_cache, cache_index_b)
+    x = rms_norm(x, self.param("norm", nn.initializers.ones, (cfg.hidden_size,), jnp.float32),
+                 cfg.rms_norm_eps, self.dtype)
+
+    if self.head == "value":
+      w = self.param("value_head", nn.initializers.zeros, (cfg.hidden_size,), jnp.float32)
+      b = self.param("value_bias", nn.initializers.zeros, (), jnp.float32)
+      out = jnp.einsum("btd,d->bt", x.astype(jnp.float32), w) + b
+    elif cfg.tie_word_embeddings:
+      out = jnp.einsum("btd,vd->btv", x, embed.astype(self.dtype),
+                       preferred_element_type=jnp.float32)
+    else:
+      w = self.param("lm_head", nn.initializers.normal(cfg.initializer_range),
+                     (cfg.hidden_size, cfg.vocab_size), jnp.float32)
+      out = jnp.einsum("btd,dv->btv", x, w.astype(self.dtype),
+                       preferred_element_type=jnp.float32)
+    return out, KVCache(*new_cache)
+
+
+def make_model(config: ModelConfig, dtype: str = "fp32", remat: bool = False,
+               head: str = "lm") -> Transformer:
+  if dtype not in DTYPES:
+    raise ValueError(f"model_args.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+  return Transformer(config, DTYPES[dtype], remat, head)
+
+
+def init_params(model: Transformer, rng: Array):
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  return model.init(rng, tokens, tokens, jnp.ones((1, 1, 1), bool))["params"]
+
+
+# -- forward passes ------------------------------------------------------------
+
+
+def forward(model: Transformer, params, tokens_bt: Array,
+            segment_ids_bt: Optional[Array] = None, positions_bt: Optional[Array] = None) -> Array:
+  """Logits (or values) of a packed batch. `segment_ids` 0 = padding."""
+  if segment_ids_bt is None:
+    segment_ids_bt = jnp.ones_like(tokens_bt)
+  if positions_bt is None:
+    positions_bt = positions_from_segments(segment_ids_bt)
+  out, _ = model.apply({"params": params}, tokens_bt, positions_bt,
+                       causal_segment_mask(segment_ids_bt))
+  return out
+
+
+def prefill(model: Transformer, params, tokens_bt: Array, true_length_b: Array):
+  """Runs right-padded prompts; returns (logits at each row's last real token, KV cache)."""
+  t = tokens_bt.shape[1]
+  positions = jnp.broadcast_to(jnp.arange(t), tokens_bt.shape)
+  key_ok = jnp.arange(t)[None, :] < true_length_b[:, None]
+  mask = jnp.tril(jnp.ones((t, t), bool))[None] & key_ok[:, None, :]
+  logits, cache = model.apply({"params": params}, tokens_bt, positions, mask)
+  last = jnp.take_along_axis(logits, (true_length_b - 1)[:, None, None], axis=1)[:, 0]
+  return last, cache
+
+
+def decode_step(model: Transformer, params, tokens_b: Array, positions_b: Array,
+                cache: KVCache):
+  """One token per row at `positions_b` against `cache` [L,B,S,K,hd]; returns (logits_bv, cache)."""
+  s = cache.k.shape[2]
+  mask = (jnp.arange(s)[None, :] <= positions_b[:, None])[:, None, :]
+  logits, cache = model.apply({"params": params}, tokens_b[:, None], positions_b[:, None], mask,
+                              cache, positions_b)
+  return logits[:, 0], cache
+
+
+def empty_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+  shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+  return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+def pad_cache(cache: KVCache, max_len: int) -> KVCache:
+  """Grows a prefill cache [L,B,T,...] to [L,B,max_len,...] (zeros after T)."""
+  pad = [(0, 0), (0, 0), (0, max_len - cache.k.shape[2]), (0, 0), (0, 0)]
+  return KVCache(jnp.pad(cache.k, pad), jnp.pad(cache.v, pad))
+
+
+def greedy_generate(model: Transformer, params, prompt_ids, max_new_tokens: int,
+                    eos_token_id: Optional[int] = None) -> list:
+  """Greedy decoding of one prompt with the KV cache (tests, `rollx.play`)."""
+  prompt = jnp.asarray(prompt_ids, jnp.int32)[None]
+  n = prompt.shape[1]
+  logits, cache = jax.jit(prefill, static_argnums=0)(model, params, prompt, jnp.array([n]))
+  cache = pad_cache(cache, n + max_new_tokens)
+  step = jax.jit(decode_step, static_argnums=0)
+  out = []
+  token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  for i in range(max_new_tokens):
+    out.append(int(token[0]))
+    if eos_token_id is not None and out[-1] == eos_token_id:
+      break
+    if i + 1 == max_new_tokens:
+      break
+    logits, cache = step(model, params, token, jnp.array([n + i]), cache)
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return out

@@ -1,0 +1,98 @@
+"""Builds the built-in default model directory `rollx/models/default/` (run once, shipped).
+
+    python -m rollx.models.make_default
+
+1. A byte-level BPE tokenizer (the `tokenizers` library) trained on text the envs
+   and prompt templates produce: system prompt, game instructions, rendered
+   observations, the turn template, answers. Byte-level means any text encodes
+   (no unknown token); the merges make the env vocabulary cheap (an action answer
+   like `<answer>Right</answer>` is a handful of tokens).
+2. A small Qwen2-architecture policy (~2.6M params, tied embeddings), randomly
+   initialised from a fixed seed, saved as an ordinary HF directory, so `pretrain`
+   unset and `pretrain=/path/to/Qwen2.5-0.5B-Instruct` take the same code path.
+
+Deterministic: the same code gives the same files.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+DEFAULT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default")
+VOCAB_SIZE = 1024
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SYSTEM_PROMPT = ("You're a helpful assistant. You are a good game player. You are aiming to "
+                 "get high reward in the game.")
+TURN_TEMPLATE = (
+    "Turn {turn_idx}:\nObservation:\n{observation}\nStrictly follow this format:\n"
+    "1. output format is '<answer> [your answer] </answer>' with no extra text.\n"
+    "2. You have {actions_left} actions left.\n"
+    "3. Max response length: {max_response_length} words (tokens).\nDecide the next action:\n")
+
+
+def corpus():
+  """Text of the kind the default model sees: env prompts, observations, answers."""
+  import envs
+  from envs import sokoban
+  rng = np.random.default_rng(0)
+  specs = [("FrozenLake", {}), ("FrozenLake", {"is_slippery": True}),
+           ("FrozenLake", {"size": 6})] + [("Sokoban", v) for v in sokoban.VARIANTS.values()]
+  for env_type, env_config in specs:
+    env = envs.make_env(env_type, env_config)
+    for seed in range(40):
+      obs, _ = env.reset(seed=seed)
+      yield SYSTEM_PROMPT + "\n" + env.instructions
+      for turn in range(1, 4):
+        yield TURN_TEMPLATE.format(turn_idx=turn, observation=obs,
+                                   actions_left=env.actions_left, max_response_length=8)
+        answer = env.sample_valid_response(rng)
+        yield answer
+        obs, _, terminated, truncated, _ = env.step(answer)
+        if terminated or truncated:
+          break
+  for action in ("Left", "Down", "Right", "Up"):
+    for form in ("<answer>{}</answer>", "<answer> {} </answer>", "{}"):
+      yield form.format(action) * 3
+
+
+def build_tokenizer():
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, trainers
+  import transformers
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                show_progress=False)
+  tok.train_from_iterator(list(corpus()), trainer)
+  return transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
+      pad_token="<|endoftext|>", unk_token=None, chat_template=CHAT_TEMPLATE,
+      model_max_length=4096, clean_up_tokenization_spaces=False)
+
+
+def build(out_dir: str = DEFAULT_DIR, seed: int = 0) -> str:
+  from rollx.models import hf, llm
+  tokenizer = build_tokenizer()
+  config = llm.ModelConfig(
+      vocab_size=-(-len(tokenizer) // 128) * 128, hidden_size=256, intermediate_size=512, num_layers=4,
+      num_heads=4, num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-6,
+      tie_word_embeddings=True, qkv_bias=True, max_position_embeddings=4096,
+      architecture="Qwen2ForCausalLM", eos_token_id=tokenizer.eos_token_id,
+      pad_token_id=tokenizer.pad_token_id)
+  params = llm.init_params(llm.make_model(config), jax.random.PRNGKey(seed))
+  hf.save_pretrained(jax.device_get(params), config, out_dir, tokenizer=tokenizer)
+  print(f"wrote {out_dir}: {config.num_params / 1e6:.2f}M params, vocab {len(tokenizer)}")
+  return out_dir
+
+
+if __name__ == "__main__":
+  build()
