@@ -16,7 +16,7 @@ Layout choices:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -160,20 +160,45 @@ class DecoderLayer(nn.Module):
     return x_btd, new_cache
 
 
+def run_layers(config: ModelConfig, dtype, remat: bool, layer_params, x_btd, cos_bth, sin_bth,
+               mask_bts):
+  """The layer stack as a plain scan over `layer_params` ([L', ...] leaves).
+
+  The same math as the scanned module inside `Transformer`; the pipeline runs one
+  stage's slice of layers with it.
+  """
+  layer = DecoderLayer(config, dtype)
+
+  def body(x, p):
+    return layer.apply({"params": p}, x, cos_bth, sin_bth, mask_bts, None, None)[0], None
+
+  if remat:
+    body = jax.checkpoint(body, prevent_cse=False, policy=jax.checkpoint_policies.nothing_saveable)
+  return jax.lax.scan(body, x_btd, layer_params)[0]
+
+
 class Transformer(nn.Module):
-  """Decoder trunk + head. `head='lm'` gives logits `[B,T,V]`, `'value'` values `[B,T]`."""
+  """Decoder trunk + head. `head='lm'` gives logits `[B,T,V]`, `'value'` values `[B,T]`.
+
+  `layers_fn(layer_params, x, cos, sin, mask) -> x`, when set, replaces the scanned
+  layer stack in training forwards (the pipeline schedule plugs in here);
+  `activation_constraint(x_btd) -> x_btd` pins the residual stream's sharding.
+  """
   config: ModelConfig
   dtype: Any = jnp.float32
   remat: bool = False
   head: str = "lm"
+  layers_fn: Optional[Callable] = None
+  activation_constraint: Optional[Callable] = None
 
   @nn.compact
   def __call__(self, tokens_bt: Array, positions_bt: Array, mask_bts: Array,
                cache: Optional[KVCache] = None, cache_index_b: Optional[Array] = None):
     cfg = self.config
+    constrain = self.activation_constraint or (lambda x: x)
     embed = self.param("embed_tokens", nn.initializers.normal(cfg.initializer_range),
                        (cfg.vocab_size, cfg.hidden_size), jnp.float32)
-    x = jnp.take(embed, tokens_bt, axis=0).astype(self.dtype)
+    x = constrain(jnp.take(embed, tokens_bt, axis=0).astype(self.dtype))
     cos, sin = rope_cos_sin(positions_bt, cfg.head_dim, cfg.rope_theta)
 
     layer_cls = DecoderLayer
@@ -185,8 +210,13 @@ class Transformer(nn.Module):
         in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast),
         length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
     )(cfg, self.dtype, name="layers")
-    layer_cache = None if cache is None else (cache.k, cache.v)
-    x, new_cache = layers(x, cos, sin, mask_bts, layer_cache, cache_index_b)
+    if self.layers_fn is not None and cache is None and not self.is_initializing():
+      x = self.layers_fn(self.variables["params"]["layers"], x, cos, sin, mask_bts)
+      new_cache = (None, None)
+    else:
+      layer_cache = None if cache is None else (cache.k, cache.v)
+      x, new_cache = layers(x, cos, sin, mask_bts, layer_cache, cache_index_b)
+    x = constrain(x)
     x = rms_norm(x, self.param("norm", nn.initializers.ones, (cfg.hidden_size,), jnp.float32),
                  cfg.rms_norm_eps, self.dtype)
 
@@ -206,10 +236,10 @@ class Transformer(nn.Module):
 
 
 def make_model(config: ModelConfig, dtype: str = "fp32", remat: bool = False,
-               head: str = "lm") -> Transformer:
+               head: str = "lm", **hooks) -> Transformer:
   if dtype not in DTYPES:
     raise ValueError(f"model_args.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-  return Transformer(config, DTYPES[dtype], remat, head)
+  return Transformer(config, DTYPES[dtype], remat, head, **hooks)
 
 
 def init_params(model: Transformer, rng: Array):

@@ -1,0 +1,122 @@
+"""One role's sharded training: state on a mesh, the jitted step, log-probs and values.
+
+    trainer = Trainer(model_config, worker_config, mesh, loss_fn, total_steps)
+    state = trainer.init_state(params)              # sharded by the partition rules
+    state, metrics = trainer.update(state, batch, rng)   # state donated
+    logp, entropy = trainer.compute_logprobs(state.params, batch)
+
+`loss_fn(model, params, batch, rng) -> (loss, aux_metrics)` is the algorithm's
+(PPO policy loss, value loss, ...). The step is pure and compiled once per batch
+shape: the state goes in donated with its shardings and comes out with the same
+ones, the batch is split over data x fsdp, gradients are accumulated over
+`gradient_accumulation_steps` microbatches inside the step, then clipped and
+applied by optax.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import optax
+
+from rollx.models import llm, logprobs, partition
+from rollx.parallel import pipeline
+from rollx.parallel.mesh import BATCH_AXES, PIPELINE
+from rollx.train.state import TrainState, make_optimizer, new_state
+
+Batch = Dict[str, jax.Array]
+LossFn = Callable[[llm.Transformer, Any, Batch, jax.Array], Tuple[jax.Array, Dict[str, jax.Array]]]
+
+
+class Trainer:
+
+  def __init__(self, model_config: llm.ModelConfig, worker, mesh: Mesh, loss_fn: LossFn,
+               total_steps: int, head: str = "lm", role: str = "actor_train"):
+    partition.check_model_fits(model_config, mesh, role)
+    self.mesh, self.role, self.loss_fn, self.head = mesh, role, loss_fn, head
+    self.config = model_config
+    self.grad_accum = int(worker.training_args.gradient_accumulation_steps)
+    dtype = llm.DTYPES[worker.model_args.dtype]
+    remat = not worker.model_args.disable_gradient_checkpointing
+    layers_fn = None
+    if mesh.shape[PIPELINE] > 1:
+      layers_fn = functools.partial(pipeline.pipelined_layers, model_config, dtype, remat, mesh,
+                                    int(worker.strategy_args.num_microbatches))
+    residual = NamedSharding(mesh, P(BATCH_AXES, None, None))
+    self.model = llm.make_model(
+        model_config, worker.model_args.dtype, remat, head, layers_fn=layers_fn,
+        activation_constraint=functools.partial(jax.lax.with_sharding_constraint,
+                                                shardings=residual))
+    self.tx = make_optimizer(worker.training_args, total_steps)
+
+    # Shapes first (eval_shape: nothing allocated), then shardings from the rules.
+    abstract_params = jax.eval_shape(
+        lambda: llm.init_params(llm.make_model(model_config, head=head), jax.random.PRNGKey(0)))
+    self.param_shardings = partition.param_shardings(abstract_params, mesh)
+    abstract_state = jax.eval_shape(functools.partial(new_state, tx=self.tx), abstract_params)
+    self.state_shardings = TrainState(
+        step=NamedSharding(mesh, P()), params=self.param_shardings,
+        opt_state=partition.tree_shardings(abstract_state.opt_state, self.param_shardings, mesh))
+    self.abstract_state = abstract_state
+    self.num_traces = 0  # how often `update` was traced (tests: compiled once)
+
+    rep = NamedSharding(mesh, P())
+    self._new_state = jax.jit(functools.partial(new_state, tx=self.tx),
+                              in_shardings=(self.param_shardings,),
+                              out_shardings=self.state_shardings, donate_argnums=0)
+    self.update = jax.jit(self._update, in_shardings=(self.state_shardings, None, rep),
+                          out_shardings=(self.state_shardings, rep), donate_argnums=0)
+    self.compute_grads = jax.jit(self._grads, in_shardings=(self.param_shardings, None, rep),
+                                 out_shardings=(rep, self.param_shardings, rep))
+    self.compute_logprobs = jax.jit(self._logprobs, in_shardings=(self.param_shardings, None))
+    self.compute_values = jax.jit(self._values, in_shardings=(self.param_shardings, None))
+
+  # -- state -------------------------------------------------------------------
+  def init_state(self, params) -> TrainState:
+    """A sharded TrainState from host/device params (e.g. loaded from an HF dir)."""
+    params = jax.device_put(params, self.param_shardings)
+    return self._new_state(params)
+
+  def batch_sharding(self, batch: Batch) -> Batch:
+    return {k: jax.device_put(v, NamedSharding(self.mesh, P(BATCH_AXES, *([None] * (v.ndim - 1)))))
+            for k, v in batch.items()}
+
+  # -- jitted functions ------------------------------------------------------------
+  def _grads(self, params, batch: Batch, rng: jax.Array):
+    """Mean loss and gradients over `gradient_accumulation_steps` microbatches."""
+    k = self.grad_accum
+    # Strided microbatches (row r -> microbatch r % k) keep rows on their data shard.
+    micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
+                         batch)
+    grad_fn = jax.value_and_grad(functools.partial(self.loss_fn, self.model), has_aux=True)
+
+    def accumulate(carry, mb_and_rng):
+      grads_sum, loss_sum = carry
+      mb, r = mb_and_rng
+      (loss, aux), grads = grad_fn(params, mb, r)
+      return (jax.tree.map(jnp.add, grads_sum, grads), loss_sum + loss), aux
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (grads, loss), aux = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32)),
+                                      (micro, jax.random.split(rng, k)))
+    return loss / k, jax.tree.map(lambda g: g / k, grads), aux
+
+  def _update(self, state: TrainState, batch: Batch, rng: jax.Array):
+    self.num_traces += 1
+    loss, grads, aux = self._grads(state.params, batch, rng)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    metrics.update(jax.tree.map(lambda a: a.mean(), aux))
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  def _logprobs(self, params, batch: Batch):
+    return logprobs.compute_logprobs(self.model, params, batch["input_ids"],
+                                     batch.get("segment_ids"))
+
+  def _values(self, params, batch: Batch):
+    return llm.forward(self.model, params, batch["input_ids"], batch.get("segment_ids"))
