@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rollx import config as config_lib, models  # noqa: E402
 from rollx.models import llm, logprobs  # noqa: E402
 from rollx.parallel import mesh as mesh_lib  # noqa: E402
-from rollx.train.step import Trainer  # noqa: E402
+from rollx.trainer.step import Trainer  # noqa: E402
 
 QWEN_05B = llm.ModelConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864,
                            num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64,

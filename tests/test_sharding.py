@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 from rollx import config as config_lib
 from rollx.models import llm, logprobs, partition
 from rollx.parallel import mesh as mesh_lib, pipeline, reshard
-from rollx.train.step import Trainer
+from rollx.trainer.step import Trainer
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

@@ -26,7 +26,7 @@ import optax
 from rollx.models import llm, logprobs, partition
 from rollx.parallel import pipeline
 from rollx.parallel.mesh import BATCH_AXES, PIPELINE
-from rollx.train.state import TrainState, make_optimizer, new_state
+from rollx.trainer.state import TrainState, make_optimizer, new_state
 
 Batch = Dict[str, jax.Array]
 LossFn = Callable[[llm.Transformer, Any, Batch, jax.Array], Tuple[jax.Array, Dict[str, jax.Array]]]
