@@ -29,6 +29,7 @@ LR_SCHEDULERS = ("constant", "linear", "cosine")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 NORM_GROUPINGS = ("traj_group_id", "tags", "batch")
 NORM_METHODS = ("mean_std", "mean", "identity")
+PREFILL_BUCKETS = tuple(2**i for i in range(4, 16))
 WORKER_ROLES = ("actor_train", "actor_infer", "critic", "reference")
 ENV_MANAGERS = ("train_env_manager", "val_env_manager")
 
@@ -90,6 +91,8 @@ def _worker(*, learning_rate: float, **extra) -> ml_collections.ConfigDict:
           pp_size=1,
           num_microbatches=1,  # pipeline microbatches (pp_size > 1)
           max_concurrent_decodes=64,  # KV-cache slots per inference server
+          max_prefill_length=512,  # longest prompt a server takes (a power of two >= 16)
+          max_cache_length=1024,  # KV-cache length per slot: prompt + response
           num_servers=1,  # inference servers behind the rollout client
       ),
       device_mapping=config_dict.placeholder(tuple),  # device ids; None = all devices
@@ -158,7 +161,10 @@ def default_config() -> ml_collections.ConfigDict:
       gigpo_omega=1.0,  # GiGPO weight of the step-level advantage
       # -- workers -------------------------------------------------------------
       actor_train=_worker(learning_rate=1e-6, model_update_frequency=1),
-      actor_infer=_worker(learning_rate=0.0),
+      actor_infer=_worker(
+          learning_rate=0.0,
+          val_generating_args=_cd(  # sampling of validation rollouts
+              max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, num_return_sequences=1)),
       critic=_worker(learning_rate=1e-5),
       reference=_worker(learning_rate=0.0),
       # -- envs ----------------------------------------------------------------
@@ -336,6 +342,14 @@ def _workers(c: _Checker, cfg):
     for key in ("num_microbatches", "max_concurrent_decodes", "num_servers"):
       if _is_int(s[key]):
         c.rule(s[key] >= 1, f"{role}.strategy_args.{key}", f"must be >= 1, got {s[key]}")
+    if _is_int(s.max_prefill_length):
+      c.rule(s.max_prefill_length in PREFILL_BUCKETS, f"{role}.strategy_args.max_prefill_length",
+             f"must be a power of two in [16, 32768] (JetStream's buckets), got "
+             f"{s.max_prefill_length}")
+      if _is_int(s.max_cache_length):
+        c.rule(s.max_cache_length >= s.max_prefill_length,
+               f"{role}.strategy_args.max_cache_length",
+               f"{s.max_cache_length} is shorter than max_prefill_length={s.max_prefill_length}")
     dm = w.device_mapping
     if isinstance(dm, tuple):
       c.rule(all(_is_int(d) and d >= 0 for d in dm) and len(set(dm)) == len(dm) and dm,

@@ -8,64 +8,15 @@ random well-formed actions.
 
 from __future__ import annotations
 
-import re
-import sys
 import time
 from typing import Dict, List
 
-from absl import app, flags, logging
+from absl import app, logging
 import ml_collections
-from ml_collections import config_flags
 import numpy as np
 
 import envs
-from rollx import config as config_lib
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", default=None, help_string="experiment config file, e.g. configs/frozenlake.py",
-    lock_config=False)
-
-
-def _fail(message: str) -> None:
-  """Bad input: one line on stderr, non-zero exit, no traceback."""
-  print(f"rollx.train: {message}", file=sys.stderr)
-  sys.exit(2)
-
-
-def _parse_flags(argv: List[str]) -> List[str]:
-  """absl's parser, with ml_collections' override errors turned into one line."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    _fail(str(e))
-  except (AttributeError, KeyError) as e:  # --config.<key> that does not exist
-    text = str(e).replace("\\", "")
-    match = re.search(r"[A-Za-z_][A-Za-z0-9_]*", text)
-    key = match.group(0) if match else ""
-    suggestion = re.search(r'Did you mean "([^"]+)"', text)
-    culprit = next((a.split("=")[0] for a in argv[1:]
-                    if a.startswith("--config.") and a.split("=")[0].endswith(f".{key}")
-                    or f".{key}." in a.split("=")[0]), "--config override")
-    _fail(f"{culprit}: unknown config key {key!r}"
-          + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else ""))
-  except (TypeError, ValueError) as e:
-    _fail(f"bad config override: {e}")
-
-
-def load_config() -> ml_collections.ConfigDict:
-  if flags.FLAGS["config"].present == 0 and _CONFIG.value is None:
-    _fail("--config is required, e.g. --config=configs/frozenlake.py")
-  try:
-    config = _CONFIG.value
-    config.keys()  # config_flags defers a failed load to first use
-  except Exception as e:  # noqa: BLE001 - any error in the user's config file
-    _fail(f"cannot load config file {flags.FLAGS['config'].config_filename}: "
-          f"{type(e).__name__}: {e}")
-  try:
-    return config_lib.validate(config)
-  except config_lib.ConfigError as e:
-    _fail(str(e))
-
+from rollx import cli, config as config_lib
 
 def build_envs(config: ml_collections.ConfigDict, manager: str) -> Dict[str, list]:
   """Every env of one env manager, by tag (num groups x group_size each)."""
@@ -107,9 +58,9 @@ def run(config: ml_collections.ConfigDict) -> None:
 
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
-    _fail(f"unexpected arguments {argv[1:]}")
-  run(load_config())
+    cli.fail(f"unexpected arguments {argv[1:]}")
+  run(cli.load_config())
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

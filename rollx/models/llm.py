@@ -63,7 +63,11 @@ class ModelConfig:
 
 
 class KVCache(NamedTuple):
-  """Keys/values of every layer: `[L, B, S, K, hd]`; slot s holds position s."""
+  """Keys/values of every layer: `[L, B, K, S, hd]`; index s holds position s.
+
+  Heads before positions: the decode-time attention dot then contracts `hd` with
+  (B, K) as batch dims and S as the free dim, with no transpose of the cache.
+  """
   k: Array
   v: Array
 
@@ -131,22 +135,38 @@ class DecoderLayer(nn.Module):
       v = v + p("v_bias", (k, hd), zeros)
     q, kk = apply_rope(q, cos_bth, sin_bth), apply_rope(kk, cos_bth, sin_bth)
 
-    if cache is None:  # training / prefill: attend over this call's own keys
-      keys, values = kk, v
-      new_cache = (kk, v)
-    else:  # decode: write this call's keys at each row's position, attend to the cache
-      write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (i, 0, 0)))
-      keys = write(cache[0], kk, cache_index_b)
-      values = write(cache[1], v, cache_index_b)
-      new_cache = (keys, values)
-
     b, t = q.shape[:2]
     q = q.reshape(b, t, k, n // k, hd)  # grouped-query attention: G query heads per kv head
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, keys.astype(dt),
-                        preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(hd))
-    scores = jnp.where(mask_bts[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    attn = jnp.einsum("bkgts,bskh->btkgh", probs, values.astype(dt)).reshape(b, t, n, hd)
+    scale = 1.0 / jnp.sqrt(jnp.float32(hd))
+    neg = jnp.finfo(jnp.float32).min
+    if cache is None:  # training / prefill: attend over this call's own keys
+      scores = jnp.einsum("btkgh,bskh->bkgts", q, kk, preferred_element_type=jnp.float32) * scale
+      scores = jnp.where(mask_bts[:, None, None], scores, neg)
+      probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+      attn = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    else:
+      # decode (t = 1): the cache is only read here (mask: its first `pos` slots),
+      # the new token attends to itself through a second softmax term, and its
+      # k/v go back to the caller, which writes them into the (donated) cache in
+      # one scatter. Returning a rewritten cache from every layer would copy the
+      # whole cache each step.
+      ck, cv = cache[0].astype(dt), cache[1].astype(dt)
+      # t = 1: a multiply-reduce over hd reads each cache row once (memory bound, as
+      # decode is); as a batched matmul of [G, hd] x [hd, S] XLA:CPU ran 8x slower.
+      q1 = q[:, 0].astype(jnp.float32)  # [B, K, G, hd]
+      s_cache = jnp.sum(q1[:, :, :, None, :] * ck[:, :, None].astype(jnp.float32),
+                        axis=-1)[:, :, :, None, :] * scale  # [B, K, G, 1, S]
+      s_cache = jnp.where(mask_bts[:, None, None], s_cache, neg)
+      s_self = jnp.einsum("btkgh,btkh->bkgt", q, kk, preferred_element_type=jnp.float32)[..., None] * scale
+      top = jnp.maximum(jnp.max(s_cache, axis=-1, keepdims=True), s_self)
+      p_cache, p_self = jnp.exp(s_cache - top), jnp.exp(s_self - top)
+      denom = jnp.sum(p_cache, axis=-1, keepdims=True) + p_self
+      w = (p_cache / denom)[:, :, :, 0]  # [B, K, G, S]
+      mixed = jnp.sum(w[..., None] * cv[:, :, None].astype(jnp.float32),
+                      axis=3)[:, None].astype(dt)  # [B, 1, K, G, hd]
+      attn = mixed + jnp.einsum("bkgts,btkh->btkgh", (p_self / denom).astype(dt), v)
+    attn = attn.reshape(b, t, n, hd)
+    new_cache = (kk.swapaxes(1, 2), v.swapaxes(1, 2))  # [B, K, T, hd]
     out = jnp.einsum("btnh,nhd->btd", attn, p("o_proj", (n, hd, d)))
     if cfg.o_bias:
       out = out + p("o_bias", (d,), zeros)
@@ -216,6 +236,14 @@ class Transformer(nn.Module):
     else:
       layer_cache = None if cache is None else (cache.k, cache.v)
       x, new_cache = layers(x, cos, sin, mask_bts, layer_cache, cache_index_b)
+      if cache is not None:  # decode: write each row's new k/v at its position
+        rows = jnp.arange(tokens_bt.shape[0])
+        # full: [L, B, K, S, hd]; new: [L, B, K, 1, hd]. Advanced indices on B and S
+        # (split by a slice) put the indexed dims first: values are [B, L, K, hd].
+        new_cache = tuple(
+            full.at[:, rows, :, cache_index_b].set(
+                new[:, :, :, 0].swapaxes(0, 1).astype(full.dtype))
+            for full, new in zip((cache.k, cache.v), new_cache))
     x = constrain(x)
     x = rms_norm(x, self.param("norm", nn.initializers.ones, (cfg.hidden_size,), jnp.float32),
                  cfg.rms_norm_eps, self.dtype)
@@ -275,22 +303,23 @@ def prefill(model: Transformer, params, tokens_bt: Array, true_length_b: Array):
 
 def decode_step(model: Transformer, params, tokens_b: Array, positions_b: Array,
                 cache: KVCache):
-  """One token per row at `positions_b` against `cache` [L,B,S,K,hd]; returns (logits_bv, cache)."""
-  s = cache.k.shape[2]
-  mask = (jnp.arange(s)[None, :] <= positions_b[:, None])[:, None, :]
+  """One token per row at `positions_b` against `cache` [L,B,K,S,hd]; returns (logits_bv, cache)
+  with the token's keys/values written at `positions_b`."""
+  s = cache.k.shape[3]
+  mask = (jnp.arange(s)[None, :] < positions_b[:, None])[:, None, :]  # earlier tokens only
   logits, cache = model.apply({"params": params}, tokens_b[:, None], positions_b[:, None], mask,
                               cache, positions_b)
   return logits[:, 0], cache
 
 
 def empty_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
-  shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+  shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
   return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
 def pad_cache(cache: KVCache, max_len: int) -> KVCache:
-  """Grows a prefill cache [L,B,T,...] to [L,B,max_len,...] (zeros after T)."""
-  pad = [(0, 0), (0, 0), (0, max_len - cache.k.shape[2]), (0, 0), (0, 0)]
+  """Grows a prefill cache [L,B,K,T,hd] to [L,B,K,max_len,hd] (zeros after T)."""
+  pad = [(0, 0), (0, 0), (0, 0), (0, max_len - cache.k.shape[3]), (0, 0)]
   return KVCache(jnp.pad(cache.k, pad), jnp.pad(cache.v, pad))
 
 

@@ -1,0 +1,104 @@
+"""Rollout serving throughput: the rollx JetStream server vs. transformers' batched generate.
+
+    python bench/serve.py [--requests 256 --max-new-tokens 32 --slots 64]
+
+Same model (the shipped default, or --pretrain DIR), same machine, one process:
+- rollx: an in-process RolloutServer (JetStream Driver + gRPC on loopback), all
+  requests submitted at once through the RolloutClient, continuous batching over
+  `--slots` KV-cache slots;
+- baseline: transformers `generate` (torch CPU), greedy, left-padded batches of
+  `--slots` prompts.
+Prompts have mixed lengths (8..200 tokens); every request generates exactly
+`--max-new-tokens` tokens (no stop ids) so both sides produce the same token count.
+Prints generated tokens/s for both and the ratio. On a GPU it also prints the
+decode-step time against the memory-bandwidth floor (params + KV bytes / bandwidth).
+"""
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+import torch
+import transformers
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rollx import models  # noqa: E402
+from rollx.serving.client import RolloutClient  # noqa: E402
+from rollx.serving.engine import RollxEngine, Sampling  # noqa: E402
+from rollx.serving.server import RolloutServer  # noqa: E402
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--pretrain", default=None)
+  p.add_argument("--requests", type=int, default=256)
+  p.add_argument("--max-new-tokens", type=int, default=32)
+  p.add_argument("--slots", type=int, default=64)
+  args = p.parse_args()
+  loaded = models.load_model(args.pretrain)
+  rng = np.random.default_rng(0)
+  vocab = loaded.config.vocab_size
+  prompts = [rng.integers(3, vocab, rng.integers(8, 201)).tolist() for _ in range(args.requests)]
+  n_new = args.max_new_tokens
+  total = args.requests * n_new
+
+  engine = RollxEngine(loaded.model, loaded.params, max_concurrent_decodes=args.slots,
+                       max_prefill_length=256, max_cache_length=256 + n_new,
+                       sampling={"train": Sampling(0.0), "val": Sampling(0.0)})
+  server = RolloutServer(engine)
+
+  async def serve_all(batch):
+    client = RolloutClient([server.address])
+    out = await asyncio.gather(*(client.generate(f"r{i}", pr, n_new) for i, pr in enumerate(batch)))
+    await client.close()
+    return out
+
+  asyncio.run(serve_all([[1] * n for n in (8, 20, 40, 100, 200)] * 4))  # compile every bucket
+  start = time.perf_counter()
+  results = asyncio.run(serve_all(prompts))
+  rollx_s = time.perf_counter() - start
+  assert sum(len(r.token_ids) for r in results) == total
+  server.stop()
+
+  ref = transformers.AutoModelForCausalLM.from_pretrained(loaded.model_dir, local_files_only=True)
+  ref.eval()
+  ref.generation_config.eos_token_id = None
+  ref.generation_config.pad_token_id = 0
+
+  def hf_generate(batch):
+    width = max(len(x) for x in batch)
+    ids = torch.tensor([[0] * (width - len(x)) + x for x in batch])
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch])
+    with torch.no_grad():
+      out = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n_new,
+                         min_new_tokens=n_new, do_sample=False)
+    return out.shape[1] - width
+
+  hf_generate(prompts[:2])
+  start = time.perf_counter()
+  made = sum(hf_generate(prompts[i:i + args.slots]) * len(prompts[i:i + args.slots])
+             for i in range(0, len(prompts), args.slots))
+  hf_s = time.perf_counter() - start
+  assert made == total
+  device = jax.devices()[0]
+  print(f"{device.device_kind}: {args.requests} requests, prompts 8..200 tokens, {n_new} new "
+        f"tokens each, {args.slots} slots: rollx server {total / rollx_s:.0f} tok/s, "
+        f"transformers generate {total / hf_s:.0f} tok/s, ratio {hf_s / rollx_s:.2f}x")
+  if device.platform == "gpu":
+    params_bytes = sum(x.nbytes for x in jax.tree.leaves(loaded.params))
+    c = loaded.config
+    kv_bytes = 2 * c.num_layers * args.slots * (256 + n_new) * c.num_kv_heads * c.head_dim * 4
+    bw = float(os.environ.get("ROLLX_HBM_BYTES_PER_S", 3.35e12))
+    steps = total / args.slots
+    print(f"decode step ~{rollx_s / steps * 1e3:.2f} ms vs bandwidth floor "
+          f"{(params_bytes + kv_bytes) / bw * 1e3:.3f} ms")
+  else:
+    print("decode step vs memory-bandwidth floor: n/a (no GPU in this run)")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,61 @@
+"""What every entry point shares: the --config flag and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import List
+
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+from rollx import config as config_lib
+
+CONFIG = config_flags.DEFINE_config_file(
+    "config", default=None, help_string="experiment config file, e.g. configs/frozenlake.py",
+    lock_config=False)
+
+
+def fail(message: str) -> None:
+  """Bad input: one line on stderr, exit status 2, no traceback."""
+  name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+  print(f"rollx.{name}: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def parse_flags(argv: List[str]) -> List[str]:
+  """absl's parser, with ml_collections' override errors turned into one line."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(str(e))
+  except (AttributeError, KeyError) as e:  # --config.<key> that does not exist
+    text = str(e).replace("\\", "")
+    match = re.search(r"[A-Za-z_][A-Za-z0-9_]*", text)
+    key = match.group(0) if match else ""
+    suggestion = re.search(r'Did you mean "([^"]+)"', text)
+    culprit = next((a.split("=")[0] for a in argv[1:]
+                    if a.startswith("--config.") and a.split("=")[0].endswith(f".{key}")
+                    or f".{key}." in a.split("=")[0]), "--config override")
+    fail(f"{culprit}: unknown config key {key!r}"
+         + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else ""))
+  except (TypeError, ValueError) as e:
+    fail(f"bad config override: {e}")
+
+
+def load_config() -> ml_collections.ConfigDict:
+  """The validated --config; any problem exits with one line naming the culprit."""
+  if CONFIG.value is None:
+    fail("--config is required, e.g. --config=configs/frozenlake.py")
+  try:
+    config = CONFIG.value
+    config.keys()  # config_flags defers a failed load to first use
+  except Exception as e:  # noqa: BLE001 - any error in the user's config file
+    fail(f"cannot load config file {flags.FLAGS['config'].config_filename}: "
+         f"{type(e).__name__}: {e}")
+  try:
+    return config_lib.validate(config)
+  except config_lib.ConfigError as e:
+    fail(str(e))

@@ -1,0 +1,189 @@
+"""The rollout client: `generate` over several JetStream servers, `update_params` to all.
+
+    client = RolloutClient(["127.0.0.1:9000", "127.0.0.1:9001"], weight_targets=servers)
+    gen = await client.generate("traj7/turn2", prompt_ids, max_tokens=64, trajectory_id="traj7")
+    gen.token_ids, gen.policy_version
+
+Routing: a trajectory's turns go to the server that served its first turn (sticky:
+the turns share a prefix, and one server sees one policy version sequence);
+otherwise the live server with the fewest outstanding requests. A server that
+fails (connection refused, stream broken) is marked dead, its sticky
+trajectories are re-routed and the request is retried elsewhere from scratch; a
+dead server is probed again with HealthCheck after `revive_after_s`. ABORTED
+(the server's weights changed under an in-flight request, ROLL's abort-at-sync)
+is retried. A bad request (INVALID_ARGUMENT) is not retried: it raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import grpc
+
+from rollx.serving import compat
+
+compat.apply()
+from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # noqa: E402
+
+SAMPLING_KEY = "rollx-sampling"
+REQUEST_ID_KEY = "rollx-request-id"
+VERSIONS_KEY = "rollx-policy-versions"
+PREFILL_VERSION_KEY = "rollx-prefill-version"
+# Failures that mean "this server is gone or broken", as opposed to "this request is bad".
+_SERVER_FAILURES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                    grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
+                    grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+class NoServerAliveError(RuntimeError):
+  """Every rollout server is down; the message lists each with its last error."""
+
+
+class InvalidRequestError(ValueError):
+  """The server rejected the request itself (INVALID_ARGUMENT); details name the field."""
+
+
+@dataclasses.dataclass
+class Generation:
+  token_ids: List[int]
+  policy_version: int  # the oldest weights that touched the response (prefill included)
+  token_versions: List[int]  # version per generated token
+  server: str
+
+
+@dataclasses.dataclass
+class _Server:
+  address: str
+  outstanding: int = 0
+  alive: bool = True
+  dead_since: float = 0.0
+  last_error: str = ""
+  channel: Any = None
+  stub: Any = None
+  loop: Any = None
+
+
+class RolloutClient:
+
+  def __init__(self, addresses: Sequence[str], *, weight_targets: Sequence[Any] = (),
+               max_attempts: Optional[int] = None, timeout_s: float = 600.0,
+               revive_after_s: float = 30.0):
+    if not addresses:
+      raise ValueError("RolloutClient needs at least one server address")
+    self._servers = [_Server(a) for a in addresses]
+    self._sticky: Dict[str, int] = {}
+    self._weight_targets = list(weight_targets)
+    self.max_attempts = max_attempts or 2 * len(addresses) + 2
+    self.timeout_s, self.revive_after_s = timeout_s, revive_after_s
+    self.num_retries = 0
+
+  # -- routing -------------------------------------------------------------------
+  def _stub(self, server: _Server):
+    loop = asyncio.get_running_loop()
+    if server.stub is None or server.loop is not loop:  # channels belong to one event loop
+      server.channel = grpc.aio.insecure_channel(server.address)
+      server.stub = jetstream_pb2_grpc.OrchestratorStub(server.channel)
+      server.loop = loop
+    return server.stub
+
+  async def _revive(self) -> None:
+    now = time.monotonic()
+    for s in self._servers:
+      if not s.alive and now - s.dead_since > self.revive_after_s:
+        s.dead_since = now
+        try:
+          reply = await self._stub(s).HealthCheck(jetstream_pb2.HealthCheckRequest(), timeout=2)
+          s.alive = bool(reply.is_live)
+        except grpc.aio.AioRpcError:
+          pass
+
+  def _pick(self, trajectory_id: Optional[str]) -> int:
+    if trajectory_id is not None:
+      idx = self._sticky.get(trajectory_id)
+      if idx is not None and self._servers[idx].alive:
+        return idx
+    alive = [i for i, s in enumerate(self._servers) if s.alive]
+    if not alive:
+      raise NoServerAliveError("no rollout server is alive: " + "; ".join(
+          f"{s.address} ({s.last_error or 'dead'})" for s in self._servers))
+    idx = min(alive, key=lambda i: self._servers[i].outstanding)
+    if trajectory_id is not None:
+      self._sticky[trajectory_id] = idx
+    return idx
+
+  def _mark_dead(self, idx: int, error: str) -> None:
+    s = self._servers[idx]
+    s.alive, s.dead_since, s.last_error = False, time.monotonic(), error
+    self._sticky = {t: i for t, i in self._sticky.items() if i != idx}
+
+  def forget(self, trajectory_id: str) -> None:
+    """Drop a finished trajectory's stickiness."""
+    self._sticky.pop(trajectory_id, None)
+
+  @property
+  def alive_servers(self) -> List[str]:
+    return [s.address for s in self._servers if s.alive]
+
+  # -- generate --------------------------------------------------------------------
+  async def generate(self, request_id: str, prompt_ids: Sequence[int], max_tokens: int, *,
+                     trajectory_id: Optional[str] = None, mode: str = "train") -> Generation:
+    request = jetstream_pb2.DecodeRequest(
+        token_content=jetstream_pb2.DecodeRequest.TokenContent(token_ids=list(prompt_ids)),
+        max_tokens=int(max_tokens))
+    metadata = ((SAMPLING_KEY, mode), (REQUEST_ID_KEY, request_id))
+    await self._revive()
+    for attempt in range(self.max_attempts):
+      idx = self._pick(trajectory_id)
+      server = self._servers[idx]
+      server.outstanding += 1
+      try:
+        call = self._stub(server).Decode(request, metadata=metadata, timeout=self.timeout_s)
+        tokens: List[int] = []
+        async for response in call:
+          tokens.extend(response.stream_content.samples[0].token_ids)
+        trailing = dict(await call.trailing_metadata() or ())
+      except grpc.aio.AioRpcError as e:
+        code = e.code()
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+          raise InvalidRequestError(f"{server.address} rejected request {request_id}: "
+                                    f"{e.details()}") from None
+        self.num_retries += 1
+        if code == grpc.StatusCode.ABORTED:
+          continue
+        if code in _SERVER_FAILURES:
+          self._mark_dead(idx, f"{code.name}: {e.details()}")
+          continue
+        raise
+      finally:
+        server.outstanding -= 1
+      versions = [int(v) for v in trailing.get(VERSIONS_KEY, "").split(",") if v]
+      prefill = trailing.get(PREFILL_VERSION_KEY)
+      candidates = versions + ([int(prefill)] if prefill not in (None, "None") else [])
+      return Generation(tokens, min(candidates) if candidates else -1, versions, server.address)
+    raise NoServerAliveError(f"request {request_id} failed {self.max_attempts} times; servers: "
+                             + "; ".join(f"{s.address} ({'alive' if s.alive else s.last_error})"
+                                         for s in self._servers))
+
+  # -- weights ---------------------------------------------------------------------
+  def update_params(self, params, version: int, abort_in_flight: bool = False) -> None:
+    """Push new weights to every server this client was given (in-process servers
+    or Ray actor handles of `rollx.serve.ServerActor`)."""
+    pending = []
+    for target in self._weight_targets:
+      remote = getattr(getattr(target, "update_params", None), "remote", None)
+      if remote is not None:
+        pending.append(remote(params, version, abort_in_flight))
+      else:
+        target.update_params(params, version, abort_in_flight)
+    if pending:
+      import ray
+      ray.get(pending)
+
+  async def close(self) -> None:
+    for s in self._servers:
+      if s.channel is not None:
+        await s.channel.close()
+        s.channel = s.stub = None

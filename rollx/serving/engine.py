@@ -1,0 +1,317 @@
+"""A google-jetstream `Engine` for rollx models: prefill, insert, generate.
+
+The decode state holds `max_concurrent_decodes` slots: a KV cache
+`[L, slots, K, max_cache_length, hd]` (slot row s, position p at index p), the
+next-token logits of every slot, its write position, and its sampling settings.
+
+- `prefill` runs one prompt (padded by JetStream to a power-of-two bucket) and
+  returns its KV cache and the logits after its last real token. In 0.2.2 prefill
+  emits no token: the first token is sampled by the next `generate`.
+- `insert` copies a prefix into a slot and sets the slot's sampling settings
+  (train or validation: requests of both kinds share the batch).
+- `generate` samples one token for every slot from its stored logits, then runs
+  one decode step with it (next logits, cache write). A sampled stop id is
+  returned as a normal token (trajectories must contain exactly what the model
+  produced, EOS included); the slot reports `valid = 0` from the next step on,
+  which ends the request in JetStream's detokenizer.
+
+Weights: the engine serves a `VersionedParams` container. JetStream's driver
+threads bind their `params` argument once at start, so the container, not the
+arrays, is what they hold; `update_params` swaps its contents under a lock and
+every prefill/generate call reads the current (version, params) pair once. A
+swap therefore lands between two generate steps, never inside one. The engine
+records the version used by each generate step, so a response can report the
+version of every token it contains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from rollx.models import llm, partition
+from rollx.serving import compat
+
+compat.apply()
+from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2  # noqa: E402
+
+from rollx.config import PREFILL_BUCKETS  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  temperature: float = 1.0  # 0 = greedy
+  top_p: float = 1.0
+  top_k: int = 0  # 0 = off
+
+  @classmethod
+  def from_generating_args(cls, g) -> "Sampling":
+    return cls(float(g.temperature), float(g.top_p), int(g.top_k))
+
+
+class VersionedParams:
+  """The weights an engine serves: (version, params), swapped atomically."""
+
+  def __init__(self, params, version: int = 0):
+    self._lock = threading.Lock()
+    self._current = (int(version), params)
+
+  def get(self) -> Tuple[int, Any]:
+    with self._lock:
+      return self._current
+
+  def set(self, params, version: int) -> None:
+    with self._lock:
+      self._current = (int(version), params)
+
+  @property
+  def version(self) -> int:
+    return self.get()[0]
+
+
+@dataclasses.dataclass
+class Prefix:
+  """A prefilled prompt. Plain Python (not a pytree) so request metadata can ride along."""
+  cache: llm.KVCache  # [L, 1, K, bucket, hd]
+  logits: jax.Array  # [V] after the last real token
+  true_length: int
+  version: int
+  request: Any = None  # set by the server (see server.RollxRequest)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SlotState:
+  cache: llm.KVCache
+  logits: jax.Array  # [S, V] f32
+  pos: jax.Array  # [S] next cache index to write (= tokens in the cache)
+  lengths: jax.Array  # [S] tokens generated for the slot's request
+  done: jax.Array  # [S] a stop id was emitted
+  temperature: jax.Array  # [S]
+  top_p: jax.Array  # [S]
+  top_k: jax.Array  # [S]
+  rng: jax.Array
+  sampled_logp_sum: jax.Array  # [] metrics: log-probs of emitted tokens
+  sampled_count: jax.Array  # []
+
+
+class TokenIdsTokenizer(tokenizer_api.Tokenizer):
+  """What JetStream's driver threads need from a tokenizer for token-id requests.
+
+  Stops are the engine's job (see module doc), so `stop_tokens` is empty.
+  `encode`/`decode` go through the HF tokenizer for text requests and logging.
+  """
+
+  def __init__(self, hf_tokenizer, pad_id: int):
+    self._tok, self._pad = hf_tokenizer, pad_id
+
+  def encode(self, s: str, **kwargs):
+    from jetstream.engine import token_utils
+    ids = np.asarray(self._tok.encode(s), np.int32)
+    return token_utils.pad_tokens(ids, self.bos_id, self.pad_id, is_bos=False,
+                                  max_prefill_length=kwargs.get("max_prefill_length"),
+                                  jax_padding=kwargs.get("jax_padding", True))
+
+  def decode(self, token_ids: list[int], **kwargs) -> str:
+    return self._tok.decode(token_ids) if self._tok is not None else ""
+
+  @property
+  def pad_id(self) -> int:
+    return self._pad
+
+  @property
+  def eos_id(self) -> int:
+    return self._pad
+
+  @property
+  def bos_id(self) -> int:
+    return self._pad
+
+  @property
+  def stop_tokens(self) -> set[int]:
+    return set()
+
+
+def sample_tokens(logits_sv, temperature_s, top_p_s, top_k_s, rng):
+  """Per-slot temperature / top-k / top-p sampling; temperature 0 = argmax.
+
+  Returns (tokens, log-prob of each token under the unmodified model distribution).
+  """
+  v = logits_sv.shape[-1]
+  greedy = temperature_s <= 0
+  scaled = logits_sv / jnp.where(greedy, 1.0, temperature_s)[:, None]
+
+  def filtered():
+    sorted_desc = -jnp.sort(-scaled, axis=-1)
+    k = jnp.where(top_k_s > 0, jnp.minimum(top_k_s, v), v)
+    kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)
+    probs = jax.nn.softmax(sorted_desc, axis=-1)
+    # keep the smallest prefix of the sorted tokens whose mass reaches top_p
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted = (mass_before < top_p_s[:, None]) | (top_p_s[:, None] >= 1.0)
+    pth = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where((scaled >= kth) & (scaled >= pth), scaled, -jnp.inf)
+
+  # The vocabulary sort is the costliest part of a decode step on small models:
+  # only pay for it when some slot asks for top-k / top-p.
+  needs_filter = jnp.any((top_k_s > 0) | (top_p_s < 1.0))
+  masked = jax.lax.cond(needs_filter, filtered, lambda: scaled)
+  sampled = jax.random.categorical(rng, masked, axis=-1)
+  tokens = jnp.where(greedy, jnp.argmax(logits_sv, axis=-1), sampled).astype(jnp.int32)
+  logp = jnp.take_along_axis(jax.nn.log_softmax(logits_sv, axis=-1), tokens[:, None], axis=-1)[:, 0]
+  return tokens, logp
+
+
+class RollxEngine(engine_api.Engine):
+
+  def __init__(self, model: llm.Transformer, params, *, version: int = 0,
+               max_concurrent_decodes: int = 32, max_prefill_length: int = 512,
+               max_cache_length: int = 1024, stop_token_ids: Sequence[int] = (),
+               sampling: Optional[dict] = None, hf_tokenizer=None, pad_id: int = 0,
+               mesh: Optional[Mesh] = None, seed: int = 0):
+    if max_prefill_length not in PREFILL_BUCKETS:
+      raise ValueError(f"max_prefill_length={max_prefill_length} must be one of "
+                       f"{PREFILL_BUCKETS} (JetStream's padding buckets)")
+    if max_cache_length < max_prefill_length:
+      raise ValueError(f"max_cache_length={max_cache_length} < max_prefill_length="
+                       f"{max_prefill_length}")
+    self.model, self.config = model, model.config
+    self._mesh = mesh or Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1, 1),
+                              ("pipeline", "data", "fsdp", "tensor"))
+    self.params_holder = VersionedParams(self._place(params), version)
+    self._slots = int(max_concurrent_decodes)
+    self._max_prefill = int(max_prefill_length)
+    self.max_cache_length = int(max_cache_length)
+    self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
+    self.sampling = dict(sampling or {"train": Sampling(), "val": Sampling(temperature=0.0)})
+    self._hf_tokenizer, self._pad_id, self._seed = hf_tokenizer, int(pad_id), seed
+    self.step_versions: List[int] = []  # version used by generate step t
+    stop = jnp.asarray(self.stop_token_ids or (-1,), jnp.int32)
+
+    def prefill_fn(params, tokens_1t, true_length):
+      logits, cache = llm.prefill(model, params, tokens_1t, true_length[None])
+      return logits[0], cache
+
+    def insert_fn(state: SlotState, cache, logits, true_length, slot, temp, top_p, top_k):
+      at = lambda a, x: a.at[slot].set(x)
+      upd = lambda full, part: jax.lax.dynamic_update_slice(
+          full, part.astype(full.dtype), (0, slot, 0, 0, 0))
+      return dataclasses.replace(
+          state, cache=llm.KVCache(upd(state.cache.k, cache.k), upd(state.cache.v, cache.v)),
+          logits=at(state.logits, logits), pos=at(state.pos, true_length),
+          lengths=at(state.lengths, 0), done=at(state.done, False),
+          temperature=at(state.temperature, temp), top_p=at(state.top_p, top_p),
+          top_k=at(state.top_k, top_k))
+
+    def generate_fn(params, state: SlotState):
+      rng, key = jax.random.split(state.rng)
+      tokens, logp = sample_tokens(state.logits, state.temperature, state.top_p, state.top_k, key)
+      valid = ~state.done
+      lengths = state.lengths + 1
+      done = state.done | jnp.isin(tokens, stop)
+      logits, cache = llm.decode_step(model, params, tokens, state.pos, state.cache)
+      new = dataclasses.replace(
+          state, cache=cache, logits=logits.astype(jnp.float32),
+          pos=jnp.minimum(state.pos + 1, self.max_cache_length - 1), lengths=lengths,
+          done=done, rng=rng,
+          sampled_logp_sum=state.sampled_logp_sum + jnp.sum(jnp.where(valid, logp, 0.0)),
+          sampled_count=state.sampled_count + jnp.sum(valid))
+      data = jnp.stack([tokens, valid.astype(jnp.int32), lengths], axis=1)
+      return new, data
+
+    self._prefill = jax.jit(prefill_fn)
+    self._insert = jax.jit(insert_fn, donate_argnums=0)
+    self._generate = jax.jit(generate_fn, donate_argnums=1)
+
+  # -- weights ---------------------------------------------------------------
+  def _place(self, params):
+    return jax.device_put(params, partition.param_shardings(params, self._mesh))
+
+  def update_params(self, params, version: int) -> None:
+    """Swap in new weights; the next prefill / generate step uses them."""
+    self.params_holder.set(self._place(params), version)
+
+  def versions_of(self, first_step: Optional[int], num_tokens: int) -> List[int]:
+    """Policy version of each of a request's tokens (step t made token t - first_step)."""
+    if first_step is None or num_tokens == 0:
+      return []
+    return list(self.step_versions[first_step:first_step + num_tokens])
+
+  def sampled_logprob_stats(self, state: SlotState) -> Tuple[float, int]:
+    return float(state.sampled_logp_sum), int(state.sampled_count)
+
+  # -- engine_api.Engine --------------------------------------------------------
+  def prefill(self, *, params: VersionedParams, existing_prefix=None, padded_tokens,
+              true_length: int) -> Prefix:
+    if existing_prefix is not None:
+      raise NotImplementedError("rollx serving has no prefix cache (existing_prefix)")
+    version, weights = params.get()
+    tokens = jnp.asarray(padded_tokens, jnp.int32)[None]
+    logits, cache = self._prefill(weights, tokens, jnp.asarray(true_length, jnp.int32))
+    return Prefix(cache=cache, logits=logits, true_length=int(true_length), version=version)
+
+  def insert(self, prefix: Prefix, decode_state: SlotState, slot: int) -> SlotState:
+    request = prefix.request
+    sampling = getattr(request, "sampling", None) or self.sampling["train"]
+    return self._insert(decode_state, prefix.cache, prefix.logits,
+                        jnp.asarray(prefix.true_length, jnp.int32), jnp.asarray(slot, jnp.int32),
+                        jnp.float32(sampling.temperature), jnp.float32(sampling.top_p),
+                        jnp.int32(sampling.top_k))
+
+  def generate(self, params: VersionedParams, decode_state: SlotState):
+    version, weights = params.get()
+    decode_state, data = self._generate(weights, decode_state)
+    self.step_versions.append(version)
+    return decode_state, engine_api.ResultTokens(
+        data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3), samples_per_slot=1)
+
+  def load_params(self, *args, **kwargs) -> VersionedParams:
+    return self.params_holder
+
+  def get_prefix_destination_sharding(self) -> Any:
+    return None
+
+  def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
+    return tokenizer_pb2.TokenizerParameters()
+
+  def build_tokenizer(self, metadata) -> TokenIdsTokenizer:
+    return TokenIdsTokenizer(self._hf_tokenizer, self._pad_id)
+
+  def init_decode_state(self, *args, **kwargs) -> SlotState:
+    cfg, s = self.config, self._slots
+    f32 = lambda *shape: jnp.zeros(shape, jnp.float32)
+    state = SlotState(
+        cache=llm.empty_cache(cfg, s, self.max_cache_length, self.model.dtype),
+        logits=f32(s, cfg.vocab_size), pos=jnp.zeros((s,), jnp.int32),
+        lengths=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
+        temperature=jnp.ones((s,), jnp.float32), top_p=jnp.ones((s,), jnp.float32),
+        top_k=jnp.zeros((s,), jnp.int32), rng=jax.random.PRNGKey(self._seed),
+        sampled_logp_sum=f32(), sampled_count=jnp.zeros((), jnp.int32))
+    # Replicated over the server's mesh: slots live with the (tensor-sharded) weights.
+    return jax.device_put(state, NamedSharding(self._mesh, P()))
+
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self._slots
+
+  @property
+  def samples_per_slot(self) -> int:
+    return 1
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self._max_prefill
+
+  @property
+  def mesh(self) -> Mesh:
+    return self._mesh
+
+  @property
+  def colocated_cpus(self):
+    return None

@@ -1,0 +1,202 @@
+"""A JetStream server for a RollxEngine: JetStream's own Driver and gRPC Orchestrator service.
+
+Token ids in, token ids out (`DecodeRequest.token_content` -> streamed
+`DecodeResponse` samples): a trajectory must be trained on exactly the ids the
+model produced, so text never crosses this boundary.
+
+What rollx adds around JetStream 0.2.2 (whose Decode has no fields for these):
+- request checks before anything is queued (empty prompt, id out of vocab, prompt
+  longer than the prefill buckets or the cache): gRPC INVALID_ARGUMENT, and the
+  server keeps serving;
+- sampling mode per request from the invocation metadata `rollx-sampling`
+  (`train`: actor_infer.generating_args; `val`: validation sampling; default train),
+  so train and validation requests share one batch;
+- the policy version of every returned token, in the trailing metadata
+  `rollx-policy-versions` (comma-separated, one per token);
+- `update_params(params, version, abort_in_flight)`: the weights are swapped
+  between two generate steps, the port stays open and HealthCheck keeps answering.
+  With `abort_in_flight`, requests running at the swap end with gRPC ABORTED
+  (ROLL's semantics: the client resubmits them under the new weights).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+from concurrent import futures
+from typing import Any, Dict, Optional
+
+import grpc
+import numpy as np
+
+from rollx.serving import compat
+from rollx.serving.engine import RollxEngine, Sampling
+
+compat.apply()
+from jetstream.core import orchestrator  # noqa: E402
+from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # noqa: E402
+from jetstream.core.utils import async_multifuture  # noqa: E402
+
+SAMPLING_KEY = "rollx-sampling"
+REQUEST_ID_KEY = "rollx-request-id"
+VERSIONS_KEY = "rollx-policy-versions"
+PREFILL_VERSION_KEY = "rollx-prefill-version"
+# JetStream prepends BOS unless the request names a session cache; rollx prompts
+# are complete token sequences, so every request is marked this way.
+_NO_BOS = "rollx:no-bos"
+
+
+@dataclasses.dataclass
+class RollxRequest(orchestrator.ActiveRequest):
+  """An ActiveRequest that carries its sampling mode and records its prefill version.
+
+  JetStream's engine API passes `insert` only the prefill result, so the request
+  attaches itself to its Prefix when the prefill thread stores it here.
+  """
+  request_id: str = ""
+  sampling: Optional[Sampling] = None
+  prefill_version: Optional[int] = None
+  aborted: bool = False
+
+  def __setattr__(self, name, value):
+    if name == "prefill_result" and value is not None and hasattr(value, "request"):
+      value.request = self
+      object.__setattr__(self, "prefill_version", value.version)
+    object.__setattr__(self, name, value)
+
+
+class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
+
+  def __init__(self, driver: orchestrator.Driver, engine: RollxEngine):
+    self._driver, self._engine = driver, engine
+    self.in_flight: Dict[int, RollxRequest] = {}
+
+  def _check(self, request) -> Optional[str]:
+    """Why `request` cannot be served, or None."""
+    if request.WhichOneof("content") != "token_content":
+      return "send token ids (token_content); rollx serves no text_content"
+    ids = request.token_content.token_ids
+    engine = self._engine
+    if len(ids) == 0:
+      return "token_content.token_ids is empty"
+    vocab = engine.config.vocab_size
+    bad = next((i for i, t in enumerate(ids) if t < 0 or t >= vocab), None)
+    if bad is not None:
+      return f"token_content.token_ids[{bad}]={ids[bad]} is outside the vocabulary [0, {vocab})"
+    if len(ids) > engine.max_prefill_length:
+      return (f"token_content.token_ids has {len(ids)} tokens; the server's "
+              f"max_prefill_length is {engine.max_prefill_length}")
+    if request.max_tokens < 1:
+      return f"max_tokens={request.max_tokens} must be >= 1"
+    if len(ids) + request.max_tokens > engine.max_cache_length:
+      return (f"prompt of {len(ids)} tokens + max_tokens={request.max_tokens} exceeds the "
+              f"server's max_cache_length={engine.max_cache_length}")
+    return None
+
+  async def Decode(self, request: jetstream_pb2.DecodeRequest,
+                   context: grpc.aio.ServicerContext):
+    problem = self._check(request)
+    metadata = dict(context.invocation_metadata() or ())
+    mode = metadata.get(SAMPLING_KEY, "train")
+    if problem is None and mode not in self._engine.sampling:
+      problem = f"metadata {SAMPLING_KEY}={mode!r} is not one of {sorted(self._engine.sampling)}"
+    if problem is not None:
+      await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+    channel = async_multifuture.AsyncMultifuture()
+    context.add_done_callback(channel.cancel)
+    active = RollxRequest(
+        max_tokens=request.max_tokens, return_channel=channel, history_path=_NO_BOS,
+        # An ndarray, not the list 0.2.2's own Decode passes: its pad_tokens reads
+        # `.shape`, so a list of token ids kills the prefill thread.
+        prefill_content=np.asarray(request.token_content.token_ids, np.int32),
+        is_client_side_tokenization=True, request_id=metadata.get(REQUEST_ID_KEY, ""),
+        sampling=self._engine.sampling[mode])
+    try:
+      self._driver.place_request_on_prefill_queue(active)
+    except queue.Full:
+      await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "prefill queue full; retry")
+    self.in_flight[id(active)] = active
+    num_tokens = 0
+    try:
+      async for samples in channel:
+        ids = list(samples[0].token_ids)
+        num_tokens += len(ids)
+        yield jetstream_pb2.DecodeResponse(
+            stream_content=jetstream_pb2.DecodeResponse.StreamContent(
+                samples=[jetstream_pb2.DecodeResponse.StreamContent.Sample(token_ids=ids)]))
+    finally:
+      self.in_flight.pop(id(active), None)
+    versions = self._engine.versions_of(active.generate_timestep_added, num_tokens)
+    context.set_trailing_metadata((
+        (VERSIONS_KEY, ",".join(map(str, versions))),
+        (PREFILL_VERSION_KEY, str(active.prefill_version)),
+    ))
+    if active.aborted:
+      await context.abort(grpc.StatusCode.ABORTED,
+                          "weights were updated while this request ran; resubmit it")
+
+  async def HealthCheck(self, request, context):
+    return jetstream_pb2.HealthCheckResponse(
+        is_live=bool(self._driver.live and not compat.DEAD_THREADS))
+
+  def abort_in_flight(self) -> int:
+    """Ends every running request at its next generate step (max_tokens -> 0)."""
+    requests = list(self.in_flight.values())
+    for r in requests:
+      r.aborted = True
+      r.max_tokens = 0
+    return len(requests)
+
+
+class RolloutServer:
+  """JetStream Driver (interleaved: one engine prefills and generates) + gRPC service."""
+
+  def __init__(self, engine: RollxEngine, host: str = "127.0.0.1", port: int = 0,
+               threads: int = 64):
+    self.engine = engine
+    self.driver = orchestrator.Driver(
+        prefill_engines=[engine], generate_engines=[engine],
+        prefill_params=[engine.params_holder], generate_params=[engine.params_holder],
+        interleaved_mode=True)
+    self.servicer = RollxOrchestrator(self.driver, engine)
+    self._executor = futures.ThreadPoolExecutor(max_workers=threads)
+    self._loop = asyncio.new_event_loop()
+    self._loop.set_default_executor(self._executor)
+    self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                    name="rollx-grpc")
+    self._thread.start()
+
+    async def start():
+      server = grpc.aio.server(self._executor)
+      jetstream_pb2_grpc.add_OrchestratorServicer_to_server(self.servicer, server)
+      bound = server.add_insecure_port(f"{host}:{port}")
+      if bound == 0:
+        raise OSError(f"cannot bind the rollout server to {host}:{port}")
+      await server.start()
+      return server, bound
+
+    self._server, self.port = asyncio.run_coroutine_threadsafe(start(), self._loop).result()
+    self.host = host
+    logging.info("rollx rollout server on %s", self.address)
+
+  @property
+  def address(self) -> str:
+    return f"{self.host}:{self.port}"
+
+  @property
+  def version(self) -> int:
+    return self.engine.params_holder.version
+
+  def update_params(self, params, version: int, abort_in_flight: bool = False) -> int:
+    """New weights for the next generate step; returns how many requests were aborted."""
+    self.engine.update_params(params, version)
+    return self.servicer.abort_in_flight() if abort_in_flight else 0
+
+  def stop(self) -> None:
+    asyncio.run_coroutine_threadsafe(self._server.stop(grace=1), self._loop).result()
+    self.driver.stop()
+    self._loop.call_soon_threadsafe(self._loop.stop)
+    self._thread.join(timeout=5)
