@@ -32,6 +32,7 @@ NORM_METHODS = ("mean_std", "mean", "identity")
 PREFILL_BUCKETS = tuple(2**i for i in range(4, 16))
 WORKER_ROLES = ("actor_train", "actor_infer", "critic", "reference")
 ENV_MANAGERS = ("train_env_manager", "val_env_manager")
+ENV_MANAGER_TYPES = ("trajectory", "step")
 
 # Keys whose value may take one of several types (checked instead of the default's).
 _UNION_TYPES = {"resume_from_checkpoint": (str, bool)}
@@ -107,6 +108,10 @@ def _env_manager(*, num_env_groups: int, group_size: int) -> ml_collections.Conf
       group_size=group_size,  # envs per group; all share one level (seed)
       tags=("FrozenLake",),  # custom_envs entries the groups are drawn from
       num_groups_partition=config_dict.placeholder(tuple),  # groups per tag; None = equal
+      env_manager_type="trajectory",  # trajectory (StarPO: one sample per episode) | step (GiGPO)
+      history_length=2,  # step-wise prompts: how many past steps they show
+      group_size_redundancy=0,  # extra envs per group; the first group_size episodes count
+      group_filter_ratio=1.0,  # StarPO-S: keep this fraction of groups, by reward std
   )
 
 
@@ -175,10 +180,13 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
-              max_tokens_per_step: int = 64) -> ml_collections.ConfigDict:
-  """A `custom_envs` entry: which env class, its config, and the per-turn token cap."""
+              max_tokens_per_step: int = 64, system_prompt: str = "",
+              turn_template: str = "") -> ml_collections.ConfigDict:
+  """A `custom_envs` entry: which env class, its config, the per-turn token cap, and
+  the prompt text ('' = ROLL's system prompt / turn template, rollx.rollout.prompts)."""
   return _cd(env_type=env_type, env_config=_cd(**(env_config or {})),
-             max_tokens_per_step=max_tokens_per_step)
+             max_tokens_per_step=max_tokens_per_step, system_prompt=system_prompt,
+             turn_template=turn_template)
 
 
 _ENV_ENTRY_KEYS = tuple(env_entry("FrozenLake").keys())
@@ -380,6 +388,16 @@ def _custom_envs(c: _Checker, cfg):
     mt = entry.get("max_tokens_per_step")
     if not _is_int(mt) or mt < 1:
       c.error(f"{path}.max_tokens_per_step", f"must be an int >= 1, got {mt!r}")
+    for key in ("system_prompt", "turn_template"):
+      if not isinstance(entry.get(key, ""), str):
+        c.error(f"{path}.{key}", f"expected str, got {entry.get(key)!r}")
+    template = entry.get("turn_template", "")
+    if isinstance(template, str) and template:
+      try:
+        template.format(turn_idx=1, observation="", actions_left=1, max_response_length=1)
+      except (KeyError, IndexError, ValueError) as e:
+        c.error(f"{path}.turn_template", f"cannot be filled ({type(e).__name__}: {e}); "
+                "placeholders: {turn_idx} {observation} {actions_left} {max_response_length}")
     env_config = entry.get("env_config") or {}
     if not isinstance(env_config, (ml_collections.ConfigDict, dict)):
       c.error(f"{path}.env_config", f"expected a block of keys, got {env_config!r}")
@@ -421,6 +439,13 @@ def _env_managers(c: _Checker, cfg):
     for key in ("max_env_num_per_worker", "num_env_groups", "group_size"):
       if _is_int(m[key]):
         c.rule(m[key] >= 1, f"{name}.{key}", f"must be >= 1, got {m[key]}")
+    for key in ("history_length", "group_size_redundancy"):
+      if _is_int(m[key]):
+        c.rule(m[key] >= 0, f"{name}.{key}", f"must be >= 0, got {m[key]}")
+    c.choice(m, "env_manager_type", f"{name}.env_manager_type", ENV_MANAGER_TYPES)
+    if isinstance(m.group_filter_ratio, float):
+      c.rule(0 < m.group_filter_ratio <= 1, f"{name}.group_filter_ratio",
+             f"must be in (0, 1], got {m.group_filter_ratio}")
     tags = m.tags
     if not isinstance(tags, tuple):
       continue

@@ -40,10 +40,10 @@ def test_schema_covers_the_seed_keys():
       assert block in c[role]
     assert {"tp_size", "pp_size"} <= set(c[role].strategy_args.keys())
   for m in config_lib.ENV_MANAGERS:
-    assert set(c[m].keys()) == {"max_env_num_per_worker", "num_env_groups", "group_size",
-                                "tags", "num_groups_partition"}
-  assert set(config_lib.env_entry("FrozenLake").keys()) == {
-      "env_type", "env_config", "max_tokens_per_step"}
+    assert {"max_env_num_per_worker", "num_env_groups", "group_size", "tags",
+            "num_groups_partition"} <= set(c[m].keys())
+  assert {"env_type", "env_config", "max_tokens_per_step"} <= set(
+      config_lib.env_entry("FrozenLake").keys())
 
 
 @pytest.mark.parametrize("mutate,key,match", [
@@ -100,6 +100,14 @@ def test_type_and_unknown_key_errors(mutate, key, match):
      "custom_envs.FrozenLake.max_tokens_per_step", ">= 1"),
     (lambda c: setattr(c.custom_envs.FrozenLake, "max_token_per_step", 8),
      "custom_envs.FrozenLake.max_token_per_step", "unknown key"),
+    (lambda c: setattr(c.custom_envs.FrozenLake, "turn_template", "Turn {turn}: {observation}"),
+     "custom_envs.FrozenLake.turn_template", "cannot be filled"),
+    (lambda c: setattr(c.train_env_manager, "env_manager_type", "steps"),
+     "train_env_manager.env_manager_type", "did you mean 'step'"),
+    (lambda c: setattr(c.train_env_manager, "group_filter_ratio", 0.0),
+     "train_env_manager.group_filter_ratio", "(0, 1]"),
+    (lambda c: setattr(c.actor_infer.strategy_args, "max_prefill_length", 100),
+     "actor_infer.strategy_args.max_prefill_length", "power of two"),
 ])
 def test_rule_errors_name_the_key(mutate, key, match):
   config = load("frozenlake")

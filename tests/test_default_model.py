@@ -40,7 +40,7 @@ def test_tokenizer_covers_env_prompts_and_chat_template():
       assert len(ids) < len(text.encode()) / 2.5  # merges learned on env text
   for action in ("Left", "Down", "Right", "Up"):
     ids = tokenizer.encode(f"<answer>{action}</answer>")
-    assert len(ids) <= 7 and len(tokenizer.encode(action)) == 1
+    assert tokenizer.convert_ids_to_tokens(ids) == ["<answer>", action, "</answer>"]
   chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
                                        add_generation_prompt=True, tokenize=False)
   assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -323,22 +323,34 @@ def pad_cache(cache: KVCache, max_len: int) -> KVCache:
   return KVCache(jnp.pad(cache.k, pad), jnp.pad(cache.v, pad))
 
 
-def greedy_generate(model: Transformer, params, prompt_ids, max_new_tokens: int,
-                    eos_token_id: Optional[int] = None) -> list:
-  """Greedy decoding of one prompt with the KV cache (tests, `rollx.play`)."""
+def generate(model: Transformer, params, prompt_ids, max_new_tokens: int,
+             eos_token_id: Optional[int] = None, temperature: float = 0.0,
+             rng: Optional[Array] = None) -> list:
+  """Decodes one prompt with the KV cache (tests, `rollx.play`): greedy at
+  temperature 0, else sampled. Stops after EOS (included) or `max_new_tokens`."""
   prompt = jnp.asarray(prompt_ids, jnp.int32)[None]
   n = prompt.shape[1]
   logits, cache = jax.jit(prefill, static_argnums=0)(model, params, prompt, jnp.array([n]))
   cache = pad_cache(cache, n + max_new_tokens)
   step = jax.jit(decode_step, static_argnums=0)
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+
+  def pick(logits, key):
+    if temperature <= 0:
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+
   out = []
-  token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   for i in range(max_new_tokens):
+    rng, key = jax.random.split(rng)
+    token = pick(logits, key)
     out.append(int(token[0]))
-    if eos_token_id is not None and out[-1] == eos_token_id:
-      break
-    if i + 1 == max_new_tokens:
+    if (eos_token_id is not None and out[-1] == eos_token_id) or i + 1 == max_new_tokens:
       break
     logits, cache = step(model, params, token, jnp.array([n + i]), cache)
-    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   return out
+
+
+def greedy_generate(model: Transformer, params, prompt_ids, max_new_tokens: int,
+                    eos_token_id: Optional[int] = None) -> list:
+  return generate(model, params, prompt_ids, max_new_tokens, eos_token_id)

@@ -5,8 +5,8 @@
 1. A byte-level BPE tokenizer (the `tokenizers` library) trained on text the envs
    and prompt templates produce: system prompt, game instructions, rendered
    observations, the turn template, answers. Byte-level means any text encodes
-   (no unknown token); the merges make the env vocabulary cheap (an action answer
-   like `<answer>Right</answer>` is a handful of tokens).
+   (no unknown token); the merges make the env vocabulary cheap, and the answer
+   tags are single tokens (`<answer>Right</answer>` is three tokens).
 2. A small Qwen2-architecture policy (~2.6M params, tied embeddings), randomly
    initialised from a fixed seed, saved as an ordinary HF directory, so `pretrain`
    unset and `pretrain=/path/to/Qwen2.5-0.5B-Instruct` take the same code path.
@@ -24,6 +24,9 @@ import numpy as np
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default")
 VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# The answer tags are single (non-special) tokens: a well-formed action is then
+# three tokens, `<answer>` `Right` `</answer>`, which a tiny model learns quickly.
+ANSWER_TOKENS = ["<answer>", "</answer>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -73,6 +76,8 @@ def build_tokenizer():
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                 show_progress=False)
   tok.train_from_iterator(list(corpus()), trainer)
+  tok.add_tokens([tokenizers.AddedToken(t, normalized=False, special=False)
+                  for t in ANSWER_TOKENS])
   return transformers.PreTrainedTokenizerFast(
       tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
       pad_token="<|endoftext|>", unk_token=None, chat_template=CHAT_TEMPLATE,

@@ -2,3 +2,10 @@
 
 Only this package imports jetstream.
 """
+
+# gRPC metadata the rollx server and client agree on (JetStream's Decode messages
+# have no fields for them).
+SAMPLING_KEY = "rollx-sampling"  # request: "train" | "val"
+REQUEST_ID_KEY = "rollx-request-id"  # request: for logs
+VERSIONS_KEY = "rollx-policy-versions"  # trailing: one weights version per token
+PREFILL_VERSION_KEY = "rollx-prefill-version"  # trailing: version that prefilled the prompt

@@ -23,15 +23,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import grpc
 
-from rollx.serving import compat
+# Only JetStream's generated proto modules: env workers import the client, and the
+# orchestrator (with seqio and TensorFlow behind it) costs seconds per process.
+from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 
-compat.apply()
-from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # noqa: E402
+from rollx.serving import PREFILL_VERSION_KEY, REQUEST_ID_KEY, SAMPLING_KEY, VERSIONS_KEY
 
-SAMPLING_KEY = "rollx-sampling"
-REQUEST_ID_KEY = "rollx-request-id"
-VERSIONS_KEY = "rollx-policy-versions"
-PREFILL_VERSION_KEY = "rollx-prefill-version"
 # Failures that mean "this server is gone or broken", as opposed to "this request is bad".
 _SERVER_FAILURES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
                     grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,

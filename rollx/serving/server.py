@@ -32,7 +32,8 @@ from typing import Any, Dict, Optional
 import grpc
 import numpy as np
 
-from rollx.serving import compat
+from rollx.serving import (PREFILL_VERSION_KEY, REQUEST_ID_KEY, SAMPLING_KEY, VERSIONS_KEY,
+                           compat)
 from rollx.serving.engine import RollxEngine, Sampling
 
 compat.apply()
@@ -40,10 +41,6 @@ from jetstream.core import orchestrator  # noqa: E402
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # noqa: E402
 from jetstream.core.utils import async_multifuture  # noqa: E402
 
-SAMPLING_KEY = "rollx-sampling"
-REQUEST_ID_KEY = "rollx-request-id"
-VERSIONS_KEY = "rollx-policy-versions"
-PREFILL_VERSION_KEY = "rollx-prefill-version"
 # JetStream prepends BOS unless the request names a session cache; rollx prompts
 # are complete token sequences, so every request is marked this way.
 _NO_BOS = "rollx:no-bos"

@@ -1,0 +1,1 @@
+"""env -> env manager loop -> prompt tokens -> server -> env step ... -> trajectory -> scheduler."""

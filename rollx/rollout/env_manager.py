@@ -1,0 +1,145 @@
+"""One env and its own multi-turn loop (`run_rollout_loop`); no barrier with other envs.
+
+    ticket = scheduler.next_ticket(env_id)     # which level (seed), which group generation
+    obs = env.reset(seed)
+    loop: prompt ids -> generate (JetStream, via the rollout client) -> response ids
+          -> text -> env.step -> reward, next obs -> continuation ids ...
+    scheduler.put(trajectory)
+
+Two ways to cut a trajectory into training samples:
+- trajectory-wise (StarPO): one sample, the whole conversation; response_mask 1
+  exactly on the ids the model produced; the episode score is its reward;
+- step-wise (GiGPO): one sample per env step: instructions + the last
+  `history_length` steps + this observation, then the response; reward = the
+  step's env reward; tagged with a hash of the observation (anchor state).
+
+`generate` is any async callable with the RolloutClient's signature, so the same
+loop runs against JetStream servers (training), a local model or a person typing
+(`rollx.play`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, Dict, List, Optional
+
+import envs
+from rollx.rollout import prompts
+from rollx.rollout.types import Sample, Ticket, Trajectory
+
+GenerateFn = Callable[..., Awaitable[Any]]  # (request_id, prompt_ids, max_tokens, *, trajectory_id, mode)
+
+
+class EnvManager:
+
+  def __init__(self, env_id: int, tag: str, entry, tokenizer, generate: GenerateFn, *,
+               mode: str = "train", sequence_length: int = 1024,
+               max_prompt_length: Optional[int] = None, step_wise: bool = False,
+               history_length: int = 2, render: bool = False, on_turn=None):
+    self.env_id, self.tag, self.entry = env_id, tag, entry
+    self.env_type = entry["env_type"]
+    self.env_config = dict(entry["env_config"])
+    self.env = envs.make_env(self.env_type, self.env_config)
+    self.tokenizer, self.generate, self.mode = tokenizer, generate, mode
+    self.max_tokens = int(entry["max_tokens_per_step"])
+    self.sequence_length = int(sequence_length)
+    self.max_prompt_length = int(max_prompt_length or sequence_length)
+    self.step_wise, self.history_length = step_wise, int(history_length)
+    self.render, self.on_turn = render, on_turn
+    self.builder = prompts.PromptBuilder(
+        tokenizer, self.env.instructions, entry.get("system_prompt") or prompts.SYSTEM_PROMPT,
+        entry.get("turn_template") or prompts.TURN_TEMPLATE, self.max_tokens)
+    self.num_env_errors = 0
+
+  # -- the loop ----------------------------------------------------------------------
+  async def run_rollout_loop(self, scheduler) -> None:
+    """Runs episodes for tickets from `scheduler` until it hands out None."""
+    while True:
+      ticket = await scheduler.next_ticket(self.env_id)
+      if ticket is None:
+        return
+      try:
+        trajectory = await self.run_episode(ticket)
+      except asyncio.CancelledError:
+        raise
+      except Exception as e:  # noqa: BLE001 - env code is user code; never crash the loop
+        if type(e).__name__ in ("NoServerAliveError", "InvalidRequestError"):
+          raise  # not the env's fault: the rollout system itself is broken
+        self.num_env_errors += 1
+        logging.warning("env %d (%s) raised on ticket %s: %r; resetting it", self.env_id,
+                        self.tag, ticket, e)
+        self.env = envs.make_env(self.env_type, self.env_config)
+        await scheduler.report_error(ticket, f"{type(e).__name__}: {e}")
+        continue
+      await scheduler.put(trajectory)
+
+  # -- one episode ---------------------------------------------------------------------
+  def _request_id(self, ticket: Ticket, turn: int) -> str:
+    return f"{self.tag}/g{ticket.group_id}/n{ticket.generation}/e{self.env_id}/t{turn}"
+
+  async def run_episode(self, ticket: Ticket) -> Trajectory:
+    env, b = self.env, self.builder
+    obs, _ = env.reset(seed=ticket.seed)
+    frames = [env.render("rgb_array")] if self.render else []
+    traj_key = f"{self.tag}/g{ticket.group_id}/n{ticket.generation}/e{self.env_id}"
+    ids: List[int] = []
+    mask: List[int] = []
+    versions: List[int] = []
+    samples: List[Sample] = []
+    history: List[Dict[str, Any]] = []
+    transcript: List[Dict[str, Any]] = []
+    score, turn, finish, info = 0.0, 0, "", {"success": False, "num_invalid_actions": 0}
+    prompt = b.first_prompt(obs, env.actions_left)
+    while True:
+      turn += 1
+      if self.step_wise:
+        prompt = b.step_prompt(obs, turn, env.actions_left, history, self.history_length)
+        ids, mask, versions = [], [], []
+      budget = min(self.max_tokens, self.sequence_length - len(ids) - len(prompt))
+      if budget < 1 or len(ids) + len(prompt) > self.max_prompt_length:
+        finish = "length"
+        break
+      ids += prompt
+      mask += [0] * len(prompt)
+      versions += [-1] * len(prompt)
+      gen = await self.generate(self._request_id(ticket, turn), list(ids), budget,
+                                trajectory_id=traj_key, mode=self.mode)
+      response = list(gen.token_ids)
+      ids += response
+      mask += [1] * len(response)
+      versions += list(gen.token_versions) or [gen.policy_version] * len(response)
+      text = self.tokenizer.decode(response, skip_special_tokens=True)
+      acted_on = obs
+      if hasattr(env, "astep"):  # envs that wait on I/O (tools, web) step asynchronously
+        obs, reward, terminated, truncated, info = await env.astep(text)
+      else:
+        obs, reward, terminated, truncated, info = env.step(text)
+      score += reward
+      record = {"turn": turn, "prompt_ids": list(prompt), "response_ids": response,
+                "response": text, "action": info["action"], "reward": reward,
+                "valid": info["action_is_valid"], "observation": acted_on}
+      transcript.append(record)
+      if self.on_turn is not None:
+        self.on_turn(self, record)
+      if self.render:
+        frames.append(env.render("rgb_array"))
+      if self.step_wise:
+        samples.append(Sample(list(ids), list(mask), list(versions), float(reward),
+                              step_index=turn - 1, anchor=prompts.observation_hash(acted_on)))
+        history.append({"turn_idx": turn, "observation": acted_on,
+                        "action": info["action"] or text.strip()[:32], "reward": reward})
+      if terminated or truncated:
+        finish = "terminated" if terminated else "truncated"
+        break
+      if not self.step_wise:
+        prompt = b.continuation(obs, turn + 1, env.actions_left, response)
+    if not self.step_wise and mask:
+      samples = [Sample(ids, mask, versions, float(score))]
+    response_versions = [v for s in samples for v, m in zip(s.token_versions, s.response_mask)
+                         if m and v >= 0]
+    return Trajectory(
+        ticket=ticket, samples=samples, score=float(score), success=bool(info["success"]),
+        num_turns=len(transcript), num_invalid_actions=int(info.get("num_invalid_actions", 0)),
+        finish=finish, start_version=min(response_versions, default=-1),
+        transcript=transcript, frames=frames)

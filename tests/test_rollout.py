@@ -1,0 +1,303 @@
+"""Env managers, the rollout scheduler and Ray env workers, against a real JetStream server.
+
+The policy behind the server is scripted (rollx.models.scripted: a bigram table in
+ordinary Qwen2 weights): every response is `<answer>{random action}</answer><eos>`.
+"""
+
+import asyncio
+import collections
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import ray
+from PIL import Image
+
+import envs
+from envs.frozenlake import FrozenLake
+from rollx import config as config_lib, serve
+from rollx.models import hf, scripted
+from rollx.rollout import prompts
+from rollx.rollout.env_manager import EnvManager
+from rollx.rollout.env_worker import manager_kwargs, start_rollout
+from rollx.rollout.render import save_episode_frames
+from rollx.rollout.scheduler import RolloutScheduler, env_layout
+from rollx.serving.client import RolloutClient
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+  return scripted.random_action_policy_dir(str(tmp_path_factory.mktemp("scripted")))
+
+
+def make_config(policy_dir, **manager):
+  c = config_lib.default_config()
+  c.pretrain = policy_dir
+  c.sequence_length = 1024
+  c.actor_infer.strategy_args.update(max_concurrent_decodes=32, max_prefill_length=1024,
+                                     max_cache_length=1100)
+  c.custom_envs.FrozenLake = config_lib.env_entry("FrozenLake", dict(max_steps=4),
+                                                  max_tokens_per_step=8)
+  c.custom_envs.Sokoban = config_lib.env_entry("Sokoban", dict(max_steps=4),
+                                               max_tokens_per_step=8)
+  if "Flaky" in manager.get("tags", ()):
+    c.custom_envs.Flaky = config_lib.env_entry("FlakyLake", dict(max_steps=3),
+                                               max_tokens_per_step=8)
+  c.train_env_manager.update(num_env_groups=4, group_size=4, tags=("FrozenLake", "Sokoban"),
+                             max_env_num_per_worker=5)
+  c.train_env_manager.update(**manager)
+  c.rollout_batch_size = c.train_env_manager.num_env_groups * c.train_env_manager.group_size
+  return config_lib.validate(c)
+
+
+@pytest.fixture(scope="module")
+def server(policy_dir):
+  srv = serve.start_server(make_config(policy_dir))
+  yield srv
+  srv.stop()
+
+
+async def collect_local(config, server, batches=1, manager="train_env_manager", **overrides):
+  """Scheduler + every env manager in this process (no Ray): for the loop's logic."""
+  scheduler = RolloutScheduler(config, manager)
+  tokenizer = hf.load_tokenizer(config.pretrain)
+  client = RolloutClient([server.address])
+  kwargs = {**manager_kwargs(config, manager), **overrides}
+  managers = [EnvManager(s.env_id, s.tag, config.custom_envs[s.tag].to_dict(), tokenizer,
+                         client.generate, **kwargs) for s in env_layout(config[manager])]
+  loops = [asyncio.ensure_future(m.run_rollout_loop(scheduler)) for m in managers]
+  results = []
+  for _ in range(batches):
+    results.append(await scheduler.get_batch(config.rollout_batch_size))
+  await scheduler.stop()
+  await asyncio.gather(*loops)
+  await client.close()
+  return scheduler, managers, results
+
+
+def test_token_exactness_against_server_outputs_and_templates(policy_dir, server):
+  config = make_config(policy_dir, num_env_groups=2, group_size=2)
+  tokenizer = hf.load_tokenizer(policy_dir)
+  client = RolloutClient([server.address])
+  served = []
+
+  async def recording_generate(*args, **kwargs):
+    gen = await client.generate(*args, **kwargs)
+    served.append(list(gen.token_ids))
+    return gen
+
+  manager = EnvManager(0, "FrozenLake", config.custom_envs.FrozenLake.to_dict(), tokenizer,
+                       recording_generate, sequence_length=1024)
+  from rollx.rollout.types import Ticket
+  for seed in range(3):
+    served.clear()
+    traj = asyncio.run(manager.run_episode(Ticket(0, "FrozenLake", 0, seed, seed)))
+    (sample,) = traj.samples
+    # the sequence is exactly template pieces and server outputs, in order
+    pieces, expected_mask = [], []
+    for turn, response in zip(traj.transcript, served):
+      assert turn["response_ids"] == response
+      pieces += turn["prompt_ids"] + response
+      expected_mask += [0] * len(turn["prompt_ids"]) + [1] * len(response)
+    assert sample.input_ids == pieces and sample.response_mask == expected_mask
+    # template pieces are what the prompt builder makes for those observations
+    b = manager.builder
+    t0 = traj.transcript[0]
+    assert t0["prompt_ids"] == b.first_prompt(t0["observation"], 4)
+    for prev, turn in zip(traj.transcript, traj.transcript[1:]):
+      assert turn["prompt_ids"] == b.continuation(
+          turn["observation"], turn["turn"], 4 - prev["turn"], prev["response_ids"])
+    # and the whole sequence reads as the chat template's own rendering
+    messages = [{"role": "system", "content": b.system},
+                {"role": "user", "content": b.turn_text(t0["observation"], 1, 4)}]
+    for prev, turn in zip(traj.transcript, traj.transcript[1:]):
+      messages += [{"role": "assistant", "content": prev["response"]},
+                   {"role": "user", "content": b.turn_text(turn["observation"], turn["turn"],
+                                                            4 - prev["turn"])}]
+    messages.append({"role": "assistant", "content": traj.transcript[-1]["response"]})
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert tokenizer.decode(sample.input_ids) == rendered.rstrip("\n")
+    assert all(r[-1] == tokenizer.eos_token_id for r in served)
+    assert traj.num_invalid_actions == 0 and traj.num_turns == len(served)
+
+
+class FlakyLake(FrozenLake):
+  """Raises on the 2nd step of its first episode (once per process)."""
+  failures = 0
+
+  def step(self, action_text):
+    if self.num_steps == 1 and FlakyLake.failures == 0:
+      FlakyLake.failures += 1
+      raise RuntimeError("tool backend timed out")
+    return super().step(action_text)
+
+
+envs.register_env("FlakyLake")(FlakyLake)
+
+
+def test_env_that_raises_is_reset_counted_and_its_episode_rerun(policy_dir, server):
+  config = make_config(policy_dir, num_env_groups=2, group_size=3, tags=("Flaky",))
+  scheduler, managers, [(batch, metrics)] = asyncio.run(collect_local(config, server))
+  assert FlakyLake.failures == 1 and metrics["rollout/env_errors"] == 1
+  assert metrics["rollout/reissued"] >= 1 and sum(m.num_env_errors for m in managers) == 1
+  assert len(batch) == 6 and sorted(collections.Counter(batch.group_ids).values()) == [3, 3]
+  keys = [(t.ticket.env_id, t.ticket.generation) for t in batch.trajectories]
+  assert len(set(keys)) == len(keys)
+
+
+def test_step_wise_samples_carry_step_rewards_and_anchor_hashes(policy_dir, server):
+  config = make_config(policy_dir, num_env_groups=2, group_size=2, env_manager_type="step",
+                       history_length=2, tags=("Sokoban",))
+  _, _, [(batch, _)] = asyncio.run(collect_local(config, server))
+  assert len(batch.trajectories) == 4
+  for k, traj in enumerate(batch.trajectories):
+    rows = np.flatnonzero(batch.episode_ids == k)
+    assert len(rows) == traj.num_turns == len(traj.samples)
+    assert list(batch.step_index[rows]) == list(range(traj.num_turns))
+    for k, (sample, turn) in enumerate(zip(traj.samples, traj.transcript)):
+      assert sample.reward == pytest.approx(turn["reward"]) and sample.step_index == k
+      assert sample.anchor == prompts.observation_hash(turn["observation"])
+      assert sum(sample.response_mask) == len(turn["response_ids"])
+      assert sample.input_ids[-len(turn["response_ids"]):] == turn["response_ids"]
+    assert traj.score == pytest.approx(sum(s.reward for s in traj.samples))
+  # same level within a group: the first anchor of every episode of a group agrees
+  firsts = collections.defaultdict(set)
+  for traj in batch.trajectories:
+    firsts[traj.ticket.group_id].add(traj.samples[0].anchor)
+  assert all(len(a) == 1 for a in firsts.values())
+
+
+def test_redundancy_keeps_first_group_size_and_filter_keeps_high_std(policy_dir, server):
+  config = make_config(policy_dir, num_env_groups=4, group_size=2, group_size_redundancy=1,
+                       group_filter_ratio=0.5, tags=("FrozenLake",))
+  config.rollout_batch_size = 4
+  scheduler, _, results = asyncio.run(collect_local(config, server, batches=2))
+  for batch, metrics in results:
+    assert len(batch) == 4 and sorted(collections.Counter(batch.group_ids).values()) == [2, 2]
+    assert metrics["rollout/filtered_groups"] >= 2
+  assert scheduler.counters["dropped_redundant"] >= 1
+  assert len(env_layout(config.train_env_manager)) == 12  # 4 groups x (2 + 1)
+
+
+# -- Ray ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+           runtime_env={"env_vars": {"PYTHONPATH": ROOT, "XLA_FLAGS": ""}})
+  yield
+  ray.shutdown()
+
+
+def test_ray_batches_are_whole_groups_on_shared_levels_with_the_tag_partition(
+    policy_dir, server, ray_cluster):
+  config = make_config(policy_dir, num_groups_partition=(3, 1))
+  rollout = start_rollout(config, "train_env_manager", [server.address])
+  try:
+    assert len(rollout.workers) == 4  # ceil(4 groups x 4 envs / 5 per worker)
+    for _ in range(2):
+      batch, metrics = rollout.get_batch(16)
+      assert len(batch) == 16 and batch.input_ids.shape == (16, 1024)
+      by_group = collections.defaultdict(list)
+      for t in batch.trajectories:
+        by_group[(t.ticket.group_id, t.ticket.generation)].append(t)
+      assert sorted(len(v) for v in by_group.values()) == [4, 4, 4, 4]
+      for (group_id, _), ts in by_group.items():
+        assert len({t.ticket.seed for t in ts}) == 1
+        assert len({t.transcript[0]["observation"] for t in ts}) == 1
+        assert {t.ticket.tag for t in ts} == {"FrozenLake" if group_id < 3 else "Sokoban"}
+      assert metrics["FrozenLake/num_episodes"] == 12 and metrics["Sokoban/num_episodes"] == 4
+      assert metrics["FrozenLake/invalid_action_rate"] == 0.0
+  finally:
+    rollout.stop()
+
+
+def test_async_mode_overlaps_training_and_respects_staleness(policy_dir, server, ray_cluster):
+  config = make_config(policy_dir, num_env_groups=4, group_size=2, tags=("FrozenLake",))
+  config.async_generation_ratio = 1.0
+  params = server.engine.params_holder.get()[1]
+  rollout = start_rollout(config, "train_env_manager", [server.address])
+  try:
+    rollout.get_batch(8)
+    for version in range(1, 4):
+      before = ray.get(rollout.scheduler.metrics.remote([]))["rollout/trajectories"]
+      time.sleep(1.5)  # a simulated train step: the env loops must keep going
+      during = ray.get(rollout.scheduler.metrics.remote([]))["rollout/trajectories"]
+      assert during > before, "no trajectory finished while the trainer was busy"
+      server.update_params(params, version)  # weight sync: same weights, new version
+      rollout.set_version(version)
+      batch, metrics = rollout.get_batch(8)
+      versions = batch.policy_versions
+      assert len(batch) == 8 and versions.min() >= version - 1, (version, versions)
+      assert metrics["rollout/staleness_max"] <= 1
+  finally:
+    rollout.stop()
+    server.update_params(params, 0)
+
+
+def test_killing_an_env_worker_mid_collection_still_gives_a_full_unique_batch(
+    policy_dir, server, ray_cluster):
+  config = make_config(policy_dir, num_env_groups=4, group_size=3, tags=("Sokoban",),
+                       max_env_num_per_worker=6)
+  config.custom_envs.Sokoban.env_config.max_steps = 8
+  config.rollout_batch_size = 12
+  rollout = start_rollout(config, "train_env_manager", [server.address])
+  try:
+    rollout.get_batch(12)  # everything is up
+    victim = rollout.workers[0]
+    pid = ray.get(victim.pid.remote())
+    pending = rollout.scheduler.get_batch.remote(12)
+    time.sleep(0.3)
+    ray.kill(victim, no_restart=False)
+    batch, metrics = ray.get(pending, timeout=300)
+    assert len(batch) == 12
+    keys = [(t.ticket.env_id, t.ticket.generation) for t in batch.trajectories]
+    assert len(set(keys)) == 12
+    assert sorted(collections.Counter(batch.group_ids).values()) == [3, 3, 3, 3]
+    assert ray.get(victim.pid.remote(), timeout=120) != pid  # restarted by Ray
+    batch, _ = rollout.get_batch(12)  # and the restarted worker keeps serving
+    assert len(batch) == 12
+  finally:
+    rollout.stop()
+
+
+def test_validation_rollout_saves_frames(policy_dir, server, ray_cluster, tmp_path):
+  config = make_config(policy_dir)
+  config.val_env_manager.update(num_env_groups=4, group_size=1, tags=("FrozenLake", "Sokoban"))
+  rollout = start_rollout(config, "val_env_manager", [server.address], render_env_ids=(0, 2))
+  try:
+    batch, metrics = rollout.get_batch(4)
+  finally:
+    rollout.stop()
+  assert len(batch) == 4 and {"FrozenLake/success", "Sokoban/score_mean"} <= set(metrics)
+  gifs = save_episode_frames(batch.trajectories, str(tmp_path))
+  assert len(gifs) == 2
+  for gif in gifs:
+    traj = next(t for t in batch.trajectories if t.frames and
+                os.path.basename(os.path.dirname(gif)).startswith(t.ticket.tag))
+    with Image.open(gif) as image:
+      assert image.n_frames >= 2
+    pngs = [f for f in os.listdir(os.path.dirname(gif)) if f.endswith(".png")]
+    assert len(pngs) >= 2
+
+
+def test_play_cli_human_and_bad_env():
+  answers = "<answer>Right</answer>\nno idea\n" + "<answer>Down</answer>\n" * 10
+  result = subprocess.run(
+      [sys.executable, "-m", "rollx.play", "--config=configs/frozenlake.py", "--env=FrozenLake",
+       "--policy=human"], input=answers, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  assert "[prompt]" in out and "Turn 1:" in out and "[action] Right" in out
+  assert "[response] 'no idea'" in out and "[action] INVALID   [reward] -0.01" in out
+  assert "===== score" in out
+  bad = subprocess.run([sys.executable, "-m", "rollx.play", "--config=configs/frozenlake.py",
+                        "--env=Nope"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert bad.returncode != 0 and "--env='Nope' is not a custom_envs tag" in bad.stderr
+  assert len([l for l in bad.stderr.splitlines() if l.strip()]) == 1
