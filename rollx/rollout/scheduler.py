@@ -209,6 +209,15 @@ class RolloutScheduler:
         out["rollout/staleness_max"] = float(np.max(staleness))
     return out
 
+  def stream_state(self) -> Dict[str, int]:
+    """Where each env is in its level stream (checkpointed, so a resumed run plays
+    new levels rather than replaying old ones)."""
+    return {str(k): int(v) for k, v in self._next_generation.items()}
+
+  def load_stream_state(self, state: Dict[str, int]) -> None:
+    for k, v in state.items():
+      self._next_generation[int(k)] = int(v)
+
   async def stop(self) -> None:
     async with self._changed:
       self._stopped = True

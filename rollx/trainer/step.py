@@ -26,7 +26,7 @@ import optax
 from rollx.models import llm, logprobs, partition
 from rollx.parallel import pipeline
 from rollx.parallel.mesh import BATCH_AXES, PIPELINE
-from rollx.trainer.state import TrainState, make_optimizer, new_state
+from rollx.trainer.state import TrainState, lr_schedule, make_optimizer, new_state
 
 Batch = Dict[str, jax.Array]
 LossFn = Callable[[llm.Transformer, Any, Batch, jax.Array], Tuple[jax.Array, Dict[str, jax.Array]]]
@@ -52,6 +52,7 @@ class Trainer:
         activation_constraint=functools.partial(jax.lax.with_sharding_constraint,
                                                 shardings=residual))
     self.tx = make_optimizer(worker.training_args, total_steps)
+    self.lr_schedule = lr_schedule(worker.training_args, total_steps)
 
     # Shapes first (eval_shape: nothing allocated), then shardings from the rules.
     abstract_params = jax.eval_shape(

@@ -1,0 +1,163 @@
+"""Advantages by `adv_estimator`, on token-level arrays [N, T] with `response_mask`.
+
+Rewards live on response tokens only: a trajectory's (normalised) score sits on
+its last response token. Everything that runs "over time" runs over response
+tokens only: template/observation tokens between turns are skipped (they carry no
+action), so a multi-turn trajectory is one decision sequence.
+
+    ADVANTAGES[config.adv_estimator](inputs, config) -> (advantages_nt, returns_nt)
+
+`inputs` holds jnp arrays: response_mask, scores [N] (episode score or, step-wise,
+the step reward), group_ids [N], and per estimator: values (gae),
+episode_ids / step_index / anchor_ids / episode_scores (gigpo),
+token_kl (the KL penalty per token, already scaled; 0 when off).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+
+Arrays = Dict[str, jax.Array]
+EPS = 1e-6
+
+
+def group_normalize(x: jax.Array, group_ids: jax.Array, method: str, num_groups: int,
+                    weights: jax.Array | None = None) -> jax.Array:
+  """(x - mean_g) / (std_g + eps) for `mean_std`, x - mean_g for `mean`, x for `identity`.
+
+  `weights` make the group statistics weighted (e.g. 1 / steps of the episode, so
+  that each episode counts once however many step-wise rows it has)."""
+  if method == "identity":
+    return x
+  w = jnp.ones_like(x) if weights is None else weights
+  total = jnp.maximum(jax.ops.segment_sum(w, group_ids, num_groups), 1e-12)
+  mean = jax.ops.segment_sum(w * x, group_ids, num_groups) / total
+  centered = x - mean[group_ids]
+  if method == "mean":
+    return centered
+  var = jax.ops.segment_sum(w * centered**2, group_ids, num_groups) / total
+  return centered / (jnp.sqrt(var)[group_ids] + EPS)
+
+
+def last_token_rewards(scores_n: jax.Array, response_mask_nt: jax.Array) -> jax.Array:
+  """[N, T] with each row's score on its last response token."""
+  t = response_mask_nt.shape[1]
+  last = t - 1 - jnp.argmax(response_mask_nt[:, ::-1] > 0, axis=1)
+  has = response_mask_nt.sum(axis=1) > 0
+  return jnp.where(has[:, None] & (jnp.arange(t)[None] == last[:, None]), scores_n[:, None], 0.0)
+
+
+def discounted_gae(rewards_nt, values_nt, mask_nt, gamma: float, lambd: float):
+  """GAE over response tokens (mask 1), skipping the others; returns (advantages, returns).
+
+  delta_t = r_t + gamma V_next - V_t; A_t = delta_t + gamma lambda A_next, where
+  "next" is the next response token of the row (V_next = 0 after the last).
+  """
+  def step(carry, x):
+    next_value, next_adv = carry
+    r, v, m = x
+    delta = r + gamma * next_value - v
+    adv = delta + gamma * lambd * next_adv
+    carry = (jnp.where(m > 0, v, next_value), jnp.where(m > 0, adv, next_adv))
+    return carry, jnp.where(m > 0, adv, 0.0)
+
+  n = rewards_nt.shape[0]
+  xs = (rewards_nt.T, values_nt.T, mask_nt.T)
+  _, adv_tn = jax.lax.scan(step, (jnp.zeros(n), jnp.zeros(n)), xs, reverse=True)
+  adv = adv_tn.T
+  return adv, (adv + values_nt) * mask_nt
+
+
+def _num_groups(inputs: Arrays) -> int:
+  return int(inputs["group_ids"].shape[0])  # ids are < N by construction (collate)
+
+
+def gae(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
+  mask = inputs["response_mask"]
+  rewards = last_token_rewards(normalized_scores(inputs, config), mask) - inputs["token_kl"]
+  return discounted_gae(rewards * mask, inputs["values"] * mask, mask, config.gamma, config.lambd)
+
+
+def grpo(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
+  """Group-normalised episode score on every response token (a group with equal
+  scores gets zero advantage: no signal)."""
+  mask = inputs["response_mask"]
+  adv = normalized_scores(inputs, config)[:, None] * mask - _kl_to_go(inputs, config)
+  return adv, adv
+
+
+def reinforce(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
+  """Discounted reverse cumulative sum of (normalised) rewards over response tokens."""
+  mask = inputs["response_mask"]
+  rewards = last_token_rewards(normalized_scores(inputs, config), mask) - inputs["token_kl"]
+  returns, _ = discounted_gae(rewards * mask, jnp.zeros_like(rewards), mask, config.gamma, 1.0)
+  return returns, returns
+
+
+def gigpo(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
+  """GiGPO (step-wise samples): A = A_episode + omega * A_step.
+
+  A_episode: the episode's score normalised within its env group (same level).
+  A_step: the step's discounted return R_t = sum_k gamma^(k-t) r_k normalised
+  within its anchor group: steps of the same env group whose observations are
+  identical (`anchor_ids`). Norm: std (`mean_std`) or 1 (`mean`).
+  """
+  mask = inputs["response_mask"]
+  n = _num_groups(inputs)
+  method = "mean_std" if config.reward_normalization.method == "mean_std" else "mean"
+  episode_ids = inputs["episode_ids"]
+  rows_per_episode = jax.ops.segment_sum(jnp.ones_like(inputs["scores"]), episode_ids, n)
+  a_episode = group_normalize(inputs["episode_scores"], inputs["group_ids"], method, n,
+                              weights=1.0 / rows_per_episode[episode_ids])
+  returns = step_returns(inputs["scores"], inputs["episode_ids"], inputs["step_index"],
+                         config.step_reward_gamma)
+  a_step = group_normalize(returns, inputs["anchor_ids"], method, n)
+  adv = (a_episode + config.gigpo_omega * a_step)[:, None] * mask - _kl_to_go(inputs, config)
+  return adv, adv
+
+
+def step_returns(rewards_n, episode_ids_n, step_index_n, gamma: float) -> jax.Array:
+  """R_t = sum_{k >= t} gamma^(k - t) r_k within each episode."""
+  same = episode_ids_n[:, None] == episode_ids_n[None, :]
+  later = step_index_n[None, :] >= step_index_n[:, None]
+  power = jnp.where(same & later, step_index_n[None, :] - step_index_n[:, None], 0)
+  return jnp.sum(jnp.where(same & later, gamma**power * rewards_n[None, :], 0.0), axis=1)
+
+
+def normalized_scores(inputs: Arrays, config) -> jax.Array:
+  """Scores normalised by `reward_normalization` (grouping: group_ids / tag_ids / batch)."""
+  rn = config.reward_normalization
+  ids = {"traj_group_id": inputs["group_ids"], "tags": inputs.get("tag_ids"),
+         "batch": jnp.zeros_like(inputs["group_ids"])}[rn.grouping]
+  return group_normalize(inputs["scores"], ids, rn.method, _num_groups(inputs))
+
+
+def _kl_to_go(inputs: Arrays, config) -> jax.Array:
+  """KL-in-reward for estimators without a critic: penalty still to come on each token."""
+  kl = inputs["token_kl"]
+  mask = inputs["response_mask"]
+  to_go = jnp.cumsum(kl[:, ::-1], axis=1)[:, ::-1]
+  return to_go * mask
+
+
+ADVANTAGES: Dict[str, Callable] = {"gae": gae, "grpo": grpo, "reinforce": reinforce,
+                                   "gigpo": gigpo}
+
+
+def compute_advantages(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
+  """Registry lookup, then `whiten_advantages` and `advantage_clip`."""
+  if config.adv_estimator not in ADVANTAGES:
+    raise ValueError(f"adv_estimator {config.adv_estimator!r} is not one of {sorted(ADVANTAGES)}")
+  adv, returns = ADVANTAGES[config.adv_estimator](inputs, config)
+  mask = inputs["response_mask"]
+  if config.whiten_advantages:
+    count = jnp.maximum(mask.sum(), 1.0)
+    mean = (adv * mask).sum() / count
+    std = jnp.sqrt((((adv - mean) * mask) ** 2).sum() / count)
+    adv = (adv - mean) / (std + EPS) * mask
+  if config.advantage_clip is not None:
+    adv = jnp.clip(adv, -config.advantage_clip, config.advantage_clip)
+  return adv * mask, returns

@@ -1,0 +1,59 @@
+"""Policy, value, entropy and KL terms; token-level, masked, aggregated by `loss_agg_mode`."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+
+def aggregate(loss_nt: jax.Array, mask_nt: jax.Array, mode: str) -> jax.Array:
+  """token-mean: over all response tokens of the batch; seq-mean-token-mean: mean over
+  rows of each row's token mean; seq-mean-token-sum: mean over rows of token sums."""
+  mask = mask_nt.astype(jnp.float32)
+  if mode == "token-mean":
+    return jnp.sum(loss_nt * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  rows = jnp.sum(mask, axis=1) > 0
+  per_row = jnp.sum(loss_nt * mask, axis=1)
+  if mode == "seq-mean-token-mean":
+    per_row = per_row / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+  elif mode != "seq-mean-token-sum":
+    raise ValueError(f"loss_agg_mode {mode!r}")
+  return jnp.sum(per_row) / jnp.maximum(jnp.sum(rows), 1.0)
+
+
+def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low: float, clip_high: float,
+                    dual_clip: Optional[float] = None, agg: str = "token-mean"
+                    ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)); with dual clip, for A < 0 the
+  loss is also capped at -A * dual_clip (r beyond dual_clip stops pushing)."""
+  ratio = jnp.exp(logp - old_logp)
+  unclipped = -advantages * ratio
+  clipped = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  loss = jnp.maximum(unclipped, clipped)
+  if dual_clip is not None:
+    loss = jnp.where(advantages < 0, jnp.minimum(loss, -advantages * dual_clip), loss)
+  m = mask.astype(jnp.float32)
+  count = jnp.maximum(m.sum(), 1.0)
+  metrics = {"clip_fraction": jnp.sum((clipped > unclipped) * m) / count,
+             "approx_kl": jnp.sum(0.5 * (logp - old_logp) ** 2 * m) / count,
+             "ratio_mean": jnp.sum(ratio * m) / count}
+  return aggregate(loss, mask, agg), metrics
+
+
+def kl_divergence(logp, ref_logp, kind: str = "k3") -> jax.Array:
+  """Per-token KL estimate of pi from pi_ref: k1 = log r; k3 = r^-1 - 1 + log r (>= 0)."""
+  log_ratio = logp - ref_logp
+  if kind == "k1":
+    return log_ratio
+  return jnp.exp(-log_ratio) - 1.0 + log_ratio
+
+
+def value_loss(values, old_values, returns, mask, clip: Optional[float], agg: str = "token-mean"):
+  """0.5 * max((v - R)^2, (v_clipped - R)^2), v_clipped = v_old + clip(v - v_old, +-clip)."""
+  loss = (values - returns) ** 2
+  if clip is not None and clip > 0:
+    clipped = old_values + jnp.clip(values - old_values, -clip, clip)
+    loss = jnp.maximum(loss, (clipped - returns) ** 2)
+  return 0.5 * aggregate(loss, mask, agg)

@@ -1,0 +1,71 @@
+"""Orbax checkpoints of the whole run: train states, KL controller, step, RNG, env streams.
+
+Orbax writes each step into a temporary directory and renames it into place when
+complete, so a crash (even kill -9) mid-save leaves no directory that `latest`
+would pick; `max_to_keep` prunes old steps. Train states are restored straight
+into their shardings (the abstract state carries them), so a resumed run is
+bitwise the saved one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+
+  def __init__(self, directory: str, max_to_keep: int = 3):
+    self.directory = os.path.abspath(directory)
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
+                                                             create=True))
+
+  def save(self, step: int, states: Dict[str, Any], meta: Dict[str, Any]) -> None:
+    args = {name: ocp.args.StandardSave(state) for name, state in states.items()}
+    args["meta"] = ocp.args.JsonSave(meta)
+    self.manager.save(step, args=ocp.args.Composite(**args))
+    self.manager.wait_until_finished()
+
+  def latest_step(self) -> Optional[int]:
+    return self.manager.latest_step()
+
+  def restore(self, step: int, abstract_states: Dict[str, Any]):
+    args = {name: ocp.args.StandardRestore(abstract)
+            for name, abstract in abstract_states.items()}
+    args["meta"] = ocp.args.JsonRestore()
+    restored = self.manager.restore(step, args=ocp.args.Composite(**args))
+    return {name: restored[name] for name in abstract_states}, restored["meta"]
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+def resolve_resume(resume_from_checkpoint: str, output_dir: str):
+  """(checkpoint dir, step) to resume from, or None. 'true' = latest under output_dir;
+  a path is a checkpoint directory (`.../checkpoints`) or one step inside it."""
+  value = (resume_from_checkpoint or "").strip()
+  if value.lower() in ("", "false", "none"):
+    return None
+  if value.lower() in ("true", "latest"):
+    directory = os.path.join(output_dir, "checkpoints")
+    step = Checkpointer(directory).latest_step() if os.path.isdir(directory) else None
+    return (directory, step) if step is not None else None
+  path = os.path.abspath(value)
+  if os.path.basename(path).isdigit():
+    return os.path.dirname(path), int(os.path.basename(path))
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"resume_from_checkpoint={value!r}: no such directory")
+  step = Checkpointer(path).latest_step()
+  if step is None:
+    raise FileNotFoundError(f"resume_from_checkpoint={value!r}: no complete checkpoint in it")
+  return path, step
+
+
+def abstract_of(tree, shardings):
+  """ShapeDtypeStructs with shardings: what Orbax restores into."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)

@@ -1,0 +1,305 @@
+"""AgenticPipeline: one global step of REFERENCE.md section 1, per step.
+
+    1. weight sync actor_train -> actor_infer servers (every model_update_frequency)
+    2. validation rollout every eval_steps (greedy, unseen levels), frames saved
+    3. train rollout: scheduler.get_batch(rollout_batch_size) -> whole groups
+    4. old log-probs (actor_train), reference log-probs (KL on), values (gae)
+    5. KL penalty, advantages by adv_estimator
+    6. critic update (gae); actor update once step >= critic_warmup: ppo_epochs over
+       shuffled minibatches of per_device_train_batch_size x gradient_accumulation_steps
+       x data shards rows
+    7. metrics (TensorBoard + console), transcripts every logging_steps, checkpoint
+       every save_steps and at the end; the final policy exported as an HF directory.
+
+Roles: actor_train and critic are Trainers (sharded jit steps) in this process;
+actor_infer is `num_servers` JetStream servers in Ray actors; the reference is a
+frozen copy of the initial policy, present only when a KL term is on; env workers
+and the rollout schedulers are Ray actors.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import ray
+
+from rollx import checkpoint, models, serve
+from rollx.algos import advantages as adv_lib, kl as kl_lib, losses
+from rollx.models import hf, llm, logprobs
+from rollx.parallel import mesh as mesh_lib
+from rollx.rollout.env_worker import start_rollout
+from rollx.rollout.render import save_episode_frames
+from rollx.rollout.types import RolloutBatch
+from rollx.serving.client import RolloutClient
+from rollx.trainer.step import Trainer
+from rollx.tracking import Tracker
+
+
+def _actor_loss(config, model, params, batch, rng):
+  logp, entropy = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"])
+  mask, agg = batch["response_mask"], config.loss_agg_mode
+  low = config.pg_clip_low if config.pg_clip_low is not None else config.pg_clip
+  high = config.pg_clip_high if config.pg_clip_high is not None else config.pg_clip
+  pg, metrics = losses.ppo_policy_loss(logp, batch["old_logp"], batch["advantages"], mask, low,
+                                       high, 3.0 if config.dual_clip_loss else None, agg)
+  ent = losses.aggregate(entropy, mask, agg)
+  loss = pg - config.entropy_loss_coef * ent
+  if config.use_kl_loss:
+    kl = losses.aggregate(losses.kl_divergence(logp, batch["ref_logp"]), mask, agg)
+    loss = loss + config.kl_loss_coef * kl
+    metrics["kl_loss"] = kl
+  metrics.update(pg_loss=pg, entropy=ent)
+  return loss, metrics
+
+
+def _critic_loss(config, model, params, batch, rng):
+  values = llm.forward(model, params, batch["input_ids"], batch["segment_ids"])
+  clip = config.value_clip if config.value_clip > 0 else None
+  loss = losses.value_loss(values, batch["old_values"], batch["returns"], batch["response_mask"],
+                           clip, config.loss_agg_mode)
+  return loss, {"value_loss": loss}
+
+
+class AgenticPipeline:
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.config = c = config
+    if not ray.is_initialized():
+      ray.init(include_dashboard=False, log_to_driver=False, namespace="rollx")
+    self.kl_on = c.init_kl_coef > 0 or c.use_kl_loss
+    self.use_critic = c.adv_estimator == "gae"
+    at = c.actor_train
+    policy = models.load_model(c.pretrain)
+    self.tokenizer = hf.load_tokenizer(policy.model_dir)
+    self.model_config = policy.config
+    self.mesh = mesh_lib.make_mesh(at.strategy_args, at.device_mapping, "actor_train")
+    shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    self.minibatch = (at.training_args.per_device_train_batch_size
+                      * at.training_args.gradient_accumulation_steps * shards)
+    updates = c.max_steps * c.ppo_epochs * max(1, c.rollout_batch_size // self.minibatch)
+    self.actor = Trainer(policy.config, at, self.mesh, functools.partial(_actor_loss, c), updates)
+    host_params = jax.device_get(policy.params)  # init_state donates what it is given
+    self.actor_state = self.actor.init_state(host_params)
+    self.ref_params = (jax.device_put(host_params, self.actor.param_shardings)
+                       if self.kl_on else None)
+    self.critic = self.critic_state = None
+    if self.use_critic:
+      cw = c.critic
+      critic_mesh = mesh_lib.make_mesh(cw.strategy_args, cw.device_mapping, "critic")
+      self.critic = Trainer(policy.config, cw, critic_mesh, functools.partial(_critic_loss, c),
+                            updates, head="value", role="critic")
+      self.critic_state = self.critic.init_state(hf.critic_params_from_policy(host_params))
+    self.kl_ctrl = kl_lib.from_config(c)
+    self.rng = jax.random.PRNGKey(c.seed)
+    self.step = 0
+
+    # actor_infer: JetStream servers in Ray actors; env workers and schedulers
+    self.server_actors, addresses = serve.start_ray_servers(c)
+    self.client = RolloutClient(addresses, weight_targets=self.server_actors)
+    self.train_rollout = start_rollout(c, "train_env_manager", addresses, stream="train")
+    self.val_rollout = (start_rollout(c, "val_env_manager", addresses, stream="val",
+                                      render_env_ids=range(4)) if c.eval_steps > 0 else None)
+    self.tracker = Tracker(os.path.join(c.logging_dir, c.exp_name), c.max_steps,
+                           enabled=jax.process_index() == 0)
+    self.checkpointer = checkpoint.Checkpointer(
+        os.path.join(c.output_dir, "checkpoints"), max_to_keep=3)
+    resume = checkpoint.resolve_resume(c.resume_from_checkpoint, c.output_dir)
+    if resume is not None:
+      self._restore(*resume)
+
+  # -- checkpoints ---------------------------------------------------------------------
+  def _states(self) -> Dict[str, Any]:
+    states = {"actor": self.actor_state, "rng": {"key": self.rng}}
+    if self.use_critic:
+      states["critic"] = self.critic_state
+    return states
+
+  def save(self) -> None:
+    meta = {"step": self.step, "kl_coef": self.kl_ctrl.coef,
+            "train_streams": ray.get(self.train_rollout.scheduler.stream_state.remote())}
+    self.checkpointer.save(self.step, self._states(), meta)
+
+  def _restore(self, directory: str, step: int) -> None:
+    source = self.checkpointer if directory == self.checkpointer.directory else \
+        checkpoint.Checkpointer(directory)
+    abstract = {"actor": checkpoint.abstract_of(self.actor_state, self.actor.state_shardings),
+                "rng": {"key": jax.ShapeDtypeStruct(self.rng.shape, self.rng.dtype)}}
+    if self.use_critic:
+      abstract["critic"] = checkpoint.abstract_of(self.critic_state, self.critic.state_shardings)
+    states, meta = source.restore(step, abstract)
+    self.actor_state, self.rng = states["actor"], states["rng"]["key"]
+    if self.use_critic:
+      self.critic_state = states["critic"]
+    self.kl_ctrl.coef = float(meta["kl_coef"])
+    self.step = int(meta["step"])
+    ray.get(self.train_rollout.scheduler.load_stream_state.remote(meta["train_streams"]))
+    logging.info("resumed from %s step %d", directory, self.step)
+
+  # -- one step ------------------------------------------------------------------------
+  def _rows(self, arrays: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Pads the batch to a multiple of the minibatch with empty rows (mask 0)."""
+    n = len(arrays["input_ids"])
+    target = math.ceil(n / self.minibatch) * self.minibatch
+    return {k: np.concatenate([v, np.zeros((target - n,) + v.shape[1:], v.dtype)])
+            for k, v in arrays.items()}
+
+  def _chunked(self, fn, params, arrays) -> np.ndarray:
+    """fn over fixed-size row chunks (one compilation), concatenated on host."""
+    outs = []
+    for i in range(0, len(arrays["input_ids"]), self.minibatch):
+      chunk = {k: jnp.asarray(v[i:i + self.minibatch]) for k, v in arrays.items()}
+      out = fn(params, chunk)
+      outs.append(np.asarray(out[0] if isinstance(out, tuple) else out))
+    return np.concatenate(outs)
+
+  def sync_weights(self) -> float:
+    start = time.time()
+    self.client.update_params(jax.device_get(self.actor_state.params), self.step)
+    self.train_rollout.set_version(self.step)
+    if self.val_rollout is not None:
+      self.val_rollout.set_version(self.step)
+    return time.time() - start
+
+  def validate(self) -> Dict[str, float]:
+    batch, metrics = self.val_rollout.get_batch(self.config.val_batch_size)
+    folder = os.path.join(self.config.render_save_dir, f"step_{self.step:05d}")
+    save_episode_frames(batch.trajectories, folder)
+    self.tracker.frames(self.step, batch.trajectories)
+    return {f"val/{k}": v for k, v in metrics.items() if "/" in k and not k.startswith("rollout")}
+
+  def advantages(self, batch: RolloutBatch, arrays: Dict[str, np.ndarray]):
+    c = self.config
+    tag_ids = {t: i for i, t in enumerate(sorted(set(batch.tags)))}
+    anchor_ids = {a: i for i, a in enumerate(dict.fromkeys(
+        (g, a) for g, a in zip(batch.group_ids.tolist(), batch.anchors)))}
+    token_kl = np.zeros_like(arrays["response_mask"])
+    if c.init_kl_coef > 0 and not c.use_kl_loss:
+      token_kl = self.kl_ctrl.coef * (arrays["old_logp"] - arrays["ref_logp"]) * arrays["response_mask"]
+    inputs = {
+        "response_mask": jnp.asarray(arrays["response_mask"]),
+        "scores": jnp.asarray(batch.rewards), "episode_scores": jnp.asarray(batch.episode_scores),
+        "group_ids": jnp.asarray(batch.group_ids), "episode_ids": jnp.asarray(batch.episode_ids),
+        "step_index": jnp.asarray(batch.step_index),
+        "anchor_ids": jnp.asarray([anchor_ids[(g, a)] for g, a in
+                                   zip(batch.group_ids.tolist(), batch.anchors)], jnp.int32),
+        "tag_ids": jnp.asarray([tag_ids[t] for t in batch.tags], jnp.int32),
+        "token_kl": jnp.asarray(token_kl),
+        "values": jnp.asarray(arrays.get("old_values", np.zeros_like(token_kl))),
+    }
+    adv, returns = adv_lib.compute_advantages(inputs, c)
+    return np.asarray(adv), np.asarray(returns)
+
+  def _update(self, trainer: Trainer, state, arrays: Dict[str, np.ndarray], keys):
+    n = len(arrays["input_ids"])
+    metrics = []
+    for _ in range(self.config.ppo_epochs):
+      self.rng, key = jax.random.split(self.rng)
+      order = np.asarray(jax.random.permutation(key, n))
+      for i in range(0, n, self.minibatch):
+        rows = order[i:i + self.minibatch]
+        mb = trainer.batch_sharding({k: jnp.asarray(arrays[k][rows]) for k in keys})
+        self.rng, key = jax.random.split(self.rng)
+        state, m = trainer.update(state, mb, key)
+        metrics.append(jax.device_get(m))
+    return state, {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]}
+
+  def train_step(self) -> Dict[str, float]:
+    c, t0 = self.config, time.time()
+    metrics: Dict[str, float] = {}
+    if self.step % c.actor_train.model_update_frequency == 0:
+      metrics["time/weight_sync"] = self.sync_weights()
+    if self.val_rollout is not None and self.step % c.eval_steps == 0:
+      t = time.time()
+      metrics.update(self.validate())
+      metrics["time/validation"] = time.time() - t
+    t = time.time()
+    batch, rollout_metrics = self.train_rollout.get_batch(c.rollout_batch_size)
+    metrics["time/rollout"] = time.time() - t
+    metrics.update(rollout_metrics)
+    arrays = self._rows({k: batch.arrays()[k] for k in
+                         ("input_ids", "segment_ids", "response_mask")})
+    t = time.time()
+    arrays["old_logp"] = self._chunked(self.actor.compute_logprobs, self.actor_state.params, arrays)
+    if self.kl_on:
+      arrays["ref_logp"] = self._chunked(self.actor.compute_logprobs, self.ref_params, arrays)
+    if self.use_critic:
+      arrays["old_values"] = self._chunked(self.critic.compute_values, self.critic_state.params,
+                                           arrays)
+    metrics["time/logprobs"] = time.time() - t
+    n = len(batch)
+    adv, returns = self.advantages(batch, {k: v[:n] for k, v in arrays.items()})
+    pad = len(arrays["input_ids"]) - n
+    arrays["advantages"] = np.concatenate([adv, np.zeros((pad,) + adv.shape[1:], adv.dtype)])
+    arrays["returns"] = np.concatenate([returns, np.zeros((pad,) + adv.shape[1:], adv.dtype)])
+    t = time.time()
+    if self.use_critic:
+      self.critic_state, m = self._update(
+          self.critic, self.critic_state, arrays,
+          ("input_ids", "segment_ids", "response_mask", "old_values", "returns"))
+      metrics.update({f"critic/{k}": v for k, v in m.items()})
+    if self.step >= c.critic_warmup:
+      keys = ("input_ids", "segment_ids", "response_mask", "old_logp", "advantages") + (
+          ("ref_logp",) if c.use_kl_loss else ())
+      self.actor_state, m = self._update(self.actor, self.actor_state, arrays, keys)
+      metrics.update({f"actor/{k}": v for k, v in m.items()})
+    metrics["time/train"] = time.time() - t
+    mask = arrays["response_mask"][:n]
+    if self.kl_on:
+      kl = float((((arrays["old_logp"] - arrays["ref_logp"])[:n]) * mask).sum() / max(mask.sum(), 1))
+      metrics["kl"] = kl
+      self.kl_ctrl.update(kl, n)
+      metrics["kl_coef"] = self.kl_ctrl.coef
+    tags = sorted(set(batch.tags))
+    metrics["score"] = float(np.mean([metrics[f"{t}/score_mean"] for t in tags]))
+    metrics["success"] = float(np.mean([metrics[f"{t}/success"] for t in tags]))
+    if any(k.endswith("/success") and k.startswith("val/") for k in metrics):
+      metrics["val_success"] = float(np.mean([v for k, v in metrics.items()
+                                              if k.startswith("val/") and k.endswith("/success")]))
+    metrics["entropy"] = metrics.get("actor/entropy", float("nan"))
+    metrics["loss"] = metrics.get("actor/loss", float("nan"))
+    metrics["lr"] = float(self.actor.lr_schedule(int(self.actor_state.step)))
+    metrics["response_length"] = float(mask.sum() / max(n, 1))
+    metrics["time/step"] = time.time() - t0
+    metrics["tokens_per_s"] = float(batch.segment_ids.sum() / metrics["time/step"])
+    if self.step % c.logging_steps == 0:
+      self.tracker.transcripts(self.step, batch.trajectories, self.tokenizer)
+    return metrics
+
+  def run(self) -> Dict[str, float]:
+    c = self.config
+    metrics: Dict[str, float] = {}
+    try:
+      while self.step < c.max_steps:
+        metrics = self.train_step()
+        self.tracker.scalars(self.step, metrics)
+        self.tracker.console(self.step, metrics)
+        self.step += 1
+        if self.step % c.save_steps == 0 or self.step == c.max_steps:
+          self.save()
+      self.export(os.path.join(c.output_dir, "export"))
+    finally:
+      self.close()
+    return metrics
+
+  def export(self, out_dir: str) -> str:
+    """The trained policy as a Hugging Face directory (transformers-loadable)."""
+    return hf.save_pretrained(jax.device_get(self.actor_state.params), self.model_config, out_dir,
+                              tokenizer=self.tokenizer)
+
+  def close(self) -> None:
+    for rollout in (self.train_rollout, self.val_rollout):
+      if rollout is not None:
+        rollout.stop()
+    for actor in self.server_actors:
+      ray.kill(actor)
+    self.tracker.close()
+    self.checkpointer.close()

@@ -1,0 +1,162 @@
+"""Advantages, losses and KL control against hand-computed values."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rollx import config as config_lib
+from rollx.algos import advantages as adv_lib, kl as kl_lib, losses
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def cfg(**kw):
+  c = config_lib.default_config()
+  for k, v in kw.items():
+    setattr(c, k, v)
+  return c
+
+
+def numpy_gae(rewards, values, mask, gamma, lambd):
+  """Reference: walk each row's response tokens backwards."""
+  adv = np.zeros_like(rewards)
+  for n in range(rewards.shape[0]):
+    idx = np.flatnonzero(mask[n])
+    next_v, next_a = 0.0, 0.0
+    for t in idx[::-1]:
+      delta = rewards[n, t] + gamma * next_v - values[n, t]
+      next_a = delta + gamma * lambd * next_a
+      next_v = values[n, t]
+      adv[n, t] = next_a
+  return adv, (adv + values) * mask
+
+
+@pytest.mark.parametrize("gamma,lambd", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)])
+def test_gae_matches_numpy_reference_with_gaps_between_turns(gamma, lambd):
+  rng = np.random.default_rng(0)
+  mask = (rng.random((6, 40)) < 0.5).astype(np.float32)  # non-contiguous: turns + templates
+  mask[3] = 0  # a row with no response at all
+  rewards = rng.normal(size=(6, 40)).astype(np.float32) * mask
+  values = rng.normal(size=(6, 40)).astype(np.float32)
+  got_a, got_r = adv_lib.discounted_gae(jnp.asarray(rewards), jnp.asarray(values * mask),
+                                        jnp.asarray(mask), gamma, lambd)
+  want_a, want_r = numpy_gae(rewards, values * mask, mask, gamma, lambd)
+  np.testing.assert_allclose(got_a, want_a, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got_r, want_r, rtol=1e-5, atol=1e-5)
+
+
+def test_grpo_group_normalisation_by_hand():
+  mask = np.zeros((8, 5), np.float32)
+  mask[:, 2:4] = 1
+  inputs = {"response_mask": jnp.asarray(mask), "scores": jnp.array([1., 0, 0, 1, 1, 1, 1, 1]),
+            "group_ids": jnp.array([0, 0, 0, 0, 1, 1, 1, 1]), "token_kl": jnp.zeros((8, 5))}
+  adv, _ = adv_lib.compute_advantages(inputs, cfg(adv_estimator="grpo"))
+  # group 0: mean 0.5, std 0.5 -> +-1; group 1: all equal -> no signal
+  expected = np.array([1, -1, -1, 1, 0, 0, 0, 0]) * 0.5 / (0.5 + adv_lib.EPS)
+  np.testing.assert_allclose(adv[:, 2], expected, rtol=1e-6)
+  np.testing.assert_allclose(adv[:, 3], expected, rtol=1e-6)
+  assert float(jnp.abs(adv[:, [0, 1, 4]]).max()) == 0.0
+
+
+def test_reinforce_discounted_returns_and_last_token_score():
+  mask = jnp.array([[0, 1, 1, 0, 1, 0]], jnp.float32)
+  inputs = {"response_mask": mask, "scores": jnp.array([2.0]), "group_ids": jnp.array([0]),
+            "token_kl": jnp.zeros((1, 6))}
+  config = cfg(adv_estimator="reinforce", gamma=0.5)
+  config.reward_normalization.method = "identity"
+  adv, _ = adv_lib.compute_advantages(inputs, config)
+  # score 2 on the last response token (t=4); response tokens t=1,2,4
+  np.testing.assert_allclose(adv[0], [0, 0.5, 1.0, 0, 2.0, 0], rtol=1e-6)
+
+
+def test_gigpo_anchor_groups_and_combined_advantage_by_hand():
+  # One env group, two episodes on the same level.
+  # episode 0: steps s0 (obs A, r=0), s1 (obs B, r=1)      score 1
+  # episode 1: steps s0 (obs A, r=0), s1 (obs C, r=0), s2 (obs B, r=0)   score 0
+  rows = [(0, 0, "A", 0.0), (0, 1, "B", 1.0), (1, 0, "A", 0.0), (1, 1, "C", 0.0), (1, 2, "B", 0.0)]
+  anchors = {"A": 0, "B": 1, "C": 2}
+  inputs = {
+      "response_mask": jnp.ones((5, 3)), "token_kl": jnp.zeros((5, 3)),
+      "scores": jnp.array([r for *_, r in rows]),
+      "episode_scores": jnp.array([1.0, 1.0, 0.0, 0.0, 0.0]),
+      "group_ids": jnp.zeros(5, jnp.int32),
+      "episode_ids": jnp.array([e for e, *_ in rows]),
+      "step_index": jnp.array([s for _, s, *_ in rows]),
+      "anchor_ids": jnp.array([anchors[a] for *_, a, _ in rows]),
+  }
+  config = cfg(adv_estimator="gigpo", step_reward_gamma=0.5, gigpo_omega=1.0)
+  config.reward_normalization.method = "mean"  # norm = 1: easy to do by hand
+  adv, _ = adv_lib.compute_advantages(inputs, config)
+  # step returns: ep0: s0 = 0 + 0.5*1 = 0.5, s1 = 1; ep1: all 0
+  # anchor A: {0.5, 0} mean 0.25 -> +0.25, -0.25; B: {1, 0} mean .5 -> +.5, -.5; C: {0} -> 0
+  # episode: scores {1, 0} mean 0.5 -> +0.5 for ep0 rows, -0.5 for ep1 rows
+  expected = np.array([0.5 + 0.25, 0.5 + 0.5, -0.5 - 0.25, -0.5 + 0.0, -0.5 - 0.5])
+  np.testing.assert_allclose(adv[:, 0], expected, rtol=1e-6)
+  np.testing.assert_allclose(adv_lib.step_returns(inputs["scores"], inputs["episode_ids"],
+                                                  inputs["step_index"], 0.5),
+                             [0.5, 1.0, 0.0, 0.0, 0.0])
+
+
+def test_whiten_and_clip():
+  inputs = {"response_mask": jnp.ones((4, 2)), "scores": jnp.array([3., 0, 1, 2]),
+            "group_ids": jnp.zeros(4, jnp.int32), "token_kl": jnp.zeros((4, 2))}
+  config = cfg(adv_estimator="grpo", whiten_advantages=True, advantage_clip=1.0)
+  adv, _ = adv_lib.compute_advantages(inputs, config)
+  assert float(adv.max()) == 1.0 and float(adv.min()) == -1.0
+
+
+def grad_of_loss(ratio, advantage, dual=None):
+  def f(logp):
+    return losses.ppo_policy_loss(logp, jnp.zeros(1), jnp.array([advantage]), jnp.ones(1),
+                                  0.2, 0.28, dual)[0]
+  logp = jnp.log(jnp.array([ratio]))
+  return float(f(logp)), float(jax.grad(f)(logp)[0])
+
+
+@pytest.mark.parametrize("ratio,advantage,loss,grad", [
+    (1.1, 2.0, -2.2, -2.2),  # inside the clip range: d(-A r)/dlogp = -A r
+    (1.3, 2.0, -2.56, 0.0),  # above 1 + 0.28 with A > 0: clipped, no gradient
+    (0.7, 2.0, -1.4, -1.4),  # below with A > 0: the unclipped side is taken
+    (0.7, -2.0, 1.6, 0.0),  # below 1 - 0.2 with A < 0: clipped, no gradient
+    (1.5, -2.0, 3.0, 3.0),  # above with A < 0: unclipped (pessimistic), gradient -A r
+])
+def test_ppo_loss_and_gradient_at_clip_boundaries(ratio, advantage, loss, grad):
+  got_loss, got_grad = grad_of_loss(ratio, advantage)
+  assert got_loss == pytest.approx(loss, rel=1e-5) and got_grad == pytest.approx(grad, abs=1e-5)
+
+
+def test_dual_clip_caps_negative_advantage_loss():
+  loss, grad = grad_of_loss(5.0, -2.0, dual=3.0)
+  assert loss == pytest.approx(6.0) and grad == pytest.approx(0.0)
+  loss, grad = grad_of_loss(2.0, -2.0, dual=3.0)
+  assert loss == pytest.approx(4.0) and grad == pytest.approx(4.0)
+
+
+def test_aggregation_modes():
+  loss = jnp.array([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+  mask = jnp.array([[1, 1, 1], [1, 0, 0]])
+  assert float(losses.aggregate(loss, mask, "token-mean")) == pytest.approx(10 / 4)
+  assert float(losses.aggregate(loss, mask, "seq-mean-token-mean")) == pytest.approx((2 + 4) / 2)
+  assert float(losses.aggregate(loss, mask, "seq-mean-token-sum")) == pytest.approx((6 + 4) / 2)
+
+
+def test_value_loss_clip_and_kl_estimators():
+  v, old, ret = jnp.array([1.0]), jnp.array([0.0]), jnp.array([2.0])
+  # unclipped (1-2)^2 = 1; clipped v=0.5: (0.5-2)^2 = 2.25 -> max -> 0.5 * 2.25
+  assert float(losses.value_loss(v, old, ret, jnp.ones(1), 0.5)) == pytest.approx(1.125)
+  assert float(losses.value_loss(v, old, ret, jnp.ones(1), None)) == pytest.approx(0.5)
+  logp, ref = jnp.log(jnp.array([0.5])), jnp.log(jnp.array([0.25]))
+  assert float(losses.kl_divergence(logp, ref, "k1")[0]) == pytest.approx(np.log(2))
+  assert float(losses.kl_divergence(logp, ref, "k3")[0]) == pytest.approx(0.5 - 1 + np.log(2))
+
+
+def test_adaptive_kl_controller_by_hand():
+  c = kl_lib.KLController(coef=0.1, target=1.0, horizon=100)
+  assert c.update(2.0, 10) == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
+  c = kl_lib.KLController(coef=0.1, target=1.0, horizon=100)
+  assert c.update(0.5, 10) == pytest.approx(0.1 * (1 - 0.2 * 10 / 100))
+  c = kl_lib.KLController(coef=0.1, target=1.0, horizon=100)
+  assert c.update(1.1, 10) == pytest.approx(0.1 * (1 + 0.1 * 10 / 100))
+  fixed = kl_lib.KLController(coef=0.3)
+  assert fixed.update(5.0, 10) == 0.3
