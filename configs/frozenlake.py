@@ -3,11 +3,12 @@
 Command:   python -m rollx.train --config=configs/frozenlake.py
            (or `make train`; overrides: --config.max_steps=50 ...)
 Hardware:  one CPU host (2 cores is enough); no accelerator needed.
-Runtime:   today, the smoke run (validate config, build every env, one random
-           episode per tag) takes ~2 s after imports.
-Expected:  today: exit 0 and one line per env tag. Once the training loop lands
-           (AgenticPipeline issue): validation success >= 0.8 within 20 min of wall
-           time on 2 CPU cores, from the format-warm-started default model.
+Runtime:   see the README results table for the measured seconds per step.
+Expected:  the target is validation success >= 0.8 within 20 min of wall time on
+           2 CPU cores, starting from a format-warm-started default model. Not
+           reached yet: the shipped default model is randomly initialised (no
+           warm start) and these settings are untuned, so today this run executes
+           the full loop but is not expected to learn.
 
 Every training map is random (new solvable map per group and generation); the
 validation maps come from a disjoint seed stream, so validation measures

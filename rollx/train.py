@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List
 
-from absl import app
+from absl import app, flags, logging
 import ml_collections
 
 from rollx import cli
@@ -22,6 +22,8 @@ def run(config: ml_collections.ConfigDict):
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:  # Orbax and JetStream log every step at INFO
+    logging.set_verbosity(logging.WARNING)
   run(cli.load_config())
 
 
