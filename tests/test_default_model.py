@@ -9,6 +9,7 @@ import envs
 from envs import sokoban
 from rollx import models
 from rollx.models import hf, llm, make_default
+from rollx.rollout import prompts
 
 
 def test_default_dir_loads_through_the_hf_path_offline():
@@ -33,7 +34,7 @@ def test_tokenizer_covers_env_prompts_and_chat_template():
     env = envs.make_env(env_type, cfg)
     obs, _ = env.reset(seed=123)
     assert tokenizer.decode(tokenizer.encode(obs)) == obs
-    for text in (env.instructions, make_default.TURN_TEMPLATE.format(
+    for text in (env.instructions, prompts.TURN_TEMPLATE.format(
         turn_idx=3, observation=obs, actions_left=7, max_response_length=8)):
       ids = tokenizer.encode(text)
       assert tokenizer.decode(ids) == text

@@ -31,19 +31,11 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-SYSTEM_PROMPT = ("You're a helpful assistant. You are a good game player. You are aiming to "
-                 "get high reward in the game.")
-TURN_TEMPLATE = (
-    "Turn {turn_idx}:\nObservation:\n{observation}\nStrictly follow this format:\n"
-    "1. output format is '<answer> [your answer] </answer>' with no extra text.\n"
-    "2. You have {actions_left} actions left.\n"
-    "3. Max response length: {max_response_length} words (tokens).\nDecide the next action:\n")
-
-
 def corpus():
   """Text of the kind the default model sees: env prompts, observations, answers."""
   import envs
   from envs import sokoban
+  from rollx.rollout.prompts import SYSTEM_PROMPT, TURN_TEMPLATE
   rng = np.random.default_rng(0)
   specs = [("FrozenLake", {}), ("FrozenLake", {"is_slippery": True}),
            ("FrozenLake", {"size": 6})] + [("Sokoban", v) for v in sokoban.VARIANTS.values()]
