@@ -301,3 +301,13 @@ def test_play_cli_human_and_bad_env():
                         "--env=Nope"], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert bad.returncode != 0 and "--env='Nope' is not a custom_envs tag" in bad.stderr
   assert len([l for l in bad.stderr.splitlines() if l.strip()]) == 1
+
+
+def test_play_cli_with_the_local_model():
+  result = subprocess.run(
+      [sys.executable, "-m", "rollx.play", "--config=configs/frozenlake.py", "--env=FrozenLake",
+       "--policy=model", "--val", "--config.custom_envs.FrozenLake.env_config.max_steps=2"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.count("[response]") == 2 and "----- turn 2 -----" in result.stdout
+  assert "ended: truncated" in result.stdout or "ended: terminated" in result.stdout
