@@ -75,7 +75,8 @@ def bench(name, batch, seq, iters):
     loss.block_until_ready()
 
   t_train = timeit(run_step, iters)
-  del state, loaded
+  state.clear()  # free the JAX copies before torch loads its own
+  loaded = None
 
   ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
   tids = torch.tensor(np.asarray(ids), dtype=torch.long)

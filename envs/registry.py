@@ -13,7 +13,7 @@ A user adds an environment with one decorator and one `custom_envs` entry:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Type
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import gymnasium
 

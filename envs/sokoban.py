@@ -11,7 +11,6 @@ Rooms where no box could be moved off its target are rejected and re-carved.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Dict, FrozenSet, List, Optional, Tuple
 

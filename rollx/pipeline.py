@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +73,8 @@ class AgenticPipeline:
 
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = c = config
-    if not ray.is_initialized():
+    self._owns_ray = not ray.is_initialized()
+    if self._owns_ray:
       ray.init(include_dashboard=False, log_to_driver=False, namespace="rollx")
     self.kl_on = c.init_kl_coef > 0 or c.use_kl_loss
     self.use_critic = c.adv_estimator == "gae"
@@ -303,3 +304,5 @@ class AgenticPipeline:
       ray.kill(actor)
     self.tracker.close()
     self.checkpointer.close()
+    if self._owns_ray:  # tear the local cluster down now, not in an atexit race
+      ray.shutdown()

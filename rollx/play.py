@@ -21,7 +21,6 @@ import jax
 from rollx import cli, models
 from rollx.models import hf, llm
 from rollx.rollout.env_manager import EnvManager
-from rollx.rollout.scheduler import level_seed
 from rollx.rollout.types import Ticket
 from rollx.serving.client import Generation
 

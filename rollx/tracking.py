@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable
 
 import numpy as np
 from tensorboardX import SummaryWriter

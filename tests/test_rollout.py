@@ -6,7 +6,6 @@ ordinary Qwen2 weights): every response is `<answer>{random action}</answer><eos
 
 import asyncio
 import collections
-import dataclasses
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from rollx.rollout.render import save_episode_frames
 from rollx.rollout.scheduler import RolloutScheduler, env_layout
 from rollx.serving.client import RolloutClient
 from tests.conftest import ROOT
+from tests.ray_utils import start_local_ray
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +189,7 @@ def test_redundancy_keeps_first_group_size_and_filter_keeps_high_std(policy_dir,
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-           runtime_env={"env_vars": {"PYTHONPATH": ROOT, "XLA_FLAGS": ""}})
+  start_local_ray()
   yield
   ray.shutdown()
 
@@ -284,7 +283,7 @@ def test_validation_rollout_saves_frames(policy_dir, server, ray_cluster, tmp_pa
     with Image.open(gif) as image:
       assert image.n_frames >= 2
     pngs = [f for f in os.listdir(os.path.dirname(gif)) if f.endswith(".png")]
-    assert len(pngs) >= 2
+    assert len(pngs) == traj.num_turns + 1  # the reset frame, then one per step
 
 
 def test_play_cli_human_and_bad_env():

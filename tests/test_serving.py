@@ -1,7 +1,6 @@
 """The JetStream rollout server: real Driver, real gRPC, real processes and Ray actors."""
 
 import asyncio
-import os
 import signal
 import socket
 import subprocess
@@ -23,6 +22,7 @@ from rollx.serving.engine import RollxEngine, Sampling, sample_tokens
 from rollx.serving.server import RolloutServer
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 from tests.conftest import ROOT
+from tests.ray_utils import start_local_ray
 
 CFG = llm.ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
@@ -285,8 +285,7 @@ def test_ray_actor_server_and_weight_push_through_object_store():
   config = config_lib.default_config()
   config.actor_infer.strategy_args.update(max_concurrent_decodes=4, max_prefill_length=32,
                                           max_cache_length=64)
-  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-           runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+  start_local_ray()
   try:
     actors, addresses = serve.start_ray_servers(config, num_servers=1)
     client = RolloutClient(addresses, weight_targets=actors)

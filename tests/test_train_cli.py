@@ -2,7 +2,6 @@
 
 The full run is tests/test_pipeline.py."""
 
-import os
 import subprocess
 import sys
 

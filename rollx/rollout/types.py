@@ -4,7 +4,7 @@ trainer consumes. Defined once, used from the env managers to the train step."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 

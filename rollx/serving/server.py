@@ -27,7 +27,7 @@ import logging
 import queue
 import threading
 from concurrent import futures
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
 import grpc
 import numpy as np
