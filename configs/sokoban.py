@@ -6,10 +6,11 @@ Command:   python -m rollx.train --config=configs/sokoban.py
             --config.train_env_manager.num_groups_partition="(16,)")
 Hardware:  one CPU host (2 cores) for the default model; a GPU/TPU host for
            Qwen2.5-0.5B (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct).
-Runtime:   today, the smoke run (validate, build envs, one random episode per tag)
-           takes ~2 s after imports.
-Expected:  once the training loop lands: SimpleSokoban success must rise over 60 min
-           on 2 CPU cores (no threshold yet); RAGEN reports ~0.2 for Qwen2.5-0.5B.
+Runtime:   not measured yet for this config (see the README table for FrozenLake's
+           seconds per step on 2 CPU cores).
+Expected:  the target is a SimpleSokoban success curve that rises over 60 min on 2 CPU
+           cores (no threshold yet); RAGEN reports ~0.2 for Qwen2.5-0.5B. Not shown yet:
+           the default model is not warm-started and these settings are untuned.
 """
 
 from envs import sokoban
