@@ -138,7 +138,7 @@ def test_abort_in_flight_at_weight_sync(server, monkeypatch):
   async def via_client():
     client = RolloutClient([server.address])
     task = asyncio.ensure_future(client.generate("inflight", prompt, 1000, mode="val"))
-    while not server.servicer.in_flight or not server.engine.step_versions:
+    while not server.servicer.in_flight or not server.engine.num_steps:
       await asyncio.sleep(0.001)
     running.clear()
     assert server.update_params(make_params(8), 8, abort_in_flight=True) == 1

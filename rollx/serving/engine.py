@@ -26,6 +26,7 @@ version of every token it contains.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import threading
 from typing import Any, List, Optional, Sequence, Tuple
@@ -191,7 +192,11 @@ class RollxEngine(engine_api.Engine):
     self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
     self.sampling = dict(sampling or {"train": Sampling(), "val": Sampling(temperature=0.0)})
     self._hf_tokenizer, self._pad_id, self._seed = hf_tokenizer, int(pad_id), seed
-    self.step_versions: List[int] = []  # version used by generate step t
+    # Version of every generate step, stored as change points (first step, version):
+    # versions change once per weight sync, steps run forever.
+    self.num_steps = 0
+    self._version_starts: List[int] = []
+    self._versions: List[int] = []
     stop = jnp.asarray(self.stop_token_ids or (-1,), jnp.int32)
 
     def prefill_fn(params, tokens_1t, true_length):
@@ -237,11 +242,14 @@ class RollxEngine(engine_api.Engine):
     """Swap in new weights; the next prefill / generate step uses them."""
     self.params_holder.set(self._place(params), version)
 
+  def version_at(self, step: int) -> int:
+    return self._versions[bisect.bisect_right(self._version_starts, step) - 1]
+
   def versions_of(self, first_step: Optional[int], num_tokens: int) -> List[int]:
     """Policy version of each of a request's tokens (step t made token t - first_step)."""
     if first_step is None or num_tokens == 0:
       return []
-    return list(self.step_versions[first_step:first_step + num_tokens])
+    return [self.version_at(t) for t in range(first_step, first_step + num_tokens)]
 
   def sampled_logprob_stats(self, state: SlotState) -> Tuple[float, int]:
     return float(state.sampled_logp_sum), int(state.sampled_count)
@@ -267,7 +275,10 @@ class RollxEngine(engine_api.Engine):
   def generate(self, params: VersionedParams, decode_state: SlotState):
     version, weights = params.get()
     decode_state, data = self._generate(weights, decode_state)
-    self.step_versions.append(version)
+    if not self._versions or self._versions[-1] != version:
+      self._version_starts.append(self.num_steps)
+      self._versions.append(version)
+    self.num_steps += 1
     return decode_state, engine_api.ResultTokens(
         data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3), samples_per_slot=1)
 
