@@ -74,6 +74,9 @@ class ServerActor:
   def version(self) -> int:
     return self.server.version
 
+  def stats(self) -> dict:
+    return self.server.stats()
+
   def update_params(self, params, version: int, abort_in_flight: bool = False) -> int:
     return self.server.update_params(params, version, abort_in_flight)
 

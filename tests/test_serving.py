@@ -67,6 +67,9 @@ def test_greedy_equals_model_decode_with_64_concurrent_requests(server):
     return results
 
   results = run(go())
+  stats = server.stats()
+  assert stats["sampled_tokens"] >= 32 * 24 + 32 * 40  # kept server-side for metrics
+  assert stats["sampled_logprob_mean"] < 0
   params = server.engine.params_holder.get()[1]
   for prompt, gen in zip(measured, results[:32]):
     assert gen.token_ids == llm.greedy_generate(MODEL, params, prompt, 24)

@@ -98,8 +98,6 @@ class SlotState:
   top_p: jax.Array  # [S]
   top_k: jax.Array  # [S]
   rng: jax.Array
-  sampled_logp_sum: jax.Array  # [] metrics: log-probs of emitted tokens
-  sampled_count: jax.Array  # []
 
 
 class TokenIdsTokenizer(tokenizer_api.Tokenizer):
@@ -224,12 +222,14 @@ class RollxEngine(engine_api.Engine):
       new = dataclasses.replace(
           state, cache=cache, logits=logits.astype(jnp.float32),
           pos=jnp.minimum(state.pos + 1, self.max_cache_length - 1), lengths=lengths,
-          done=done, rng=rng,
-          sampled_logp_sum=state.sampled_logp_sum + jnp.sum(jnp.where(valid, logp, 0.0)),
-          sampled_count=state.sampled_count + jnp.sum(valid))
+          done=done, rng=rng)
       data = jnp.stack([tokens, valid.astype(jnp.int32), lengths], axis=1)
-      return new, data
+      # Emitted tokens' log-probs (slots without a live request included: the
+      # detokenizer, not the engine, knows which slots are live).
+      stats = jnp.stack([jnp.sum(jnp.where(valid, logp, 0.0)), jnp.sum(valid).astype(jnp.float32)])
+      return new, data, stats
 
+    self._logp_totals = jnp.zeros((2,), jnp.float32)
     self._prefill = jax.jit(prefill_fn)
     self._insert = jax.jit(insert_fn, donate_argnums=0)
     self._generate = jax.jit(generate_fn, donate_argnums=1)
@@ -251,8 +251,11 @@ class RollxEngine(engine_api.Engine):
       return []
     return [self.version_at(t) for t in range(first_step, first_step + num_tokens)]
 
-  def sampled_logprob_stats(self, state: SlotState) -> Tuple[float, int]:
-    return float(state.sampled_logp_sum), int(state.sampled_count)
+  def sampled_logprob_stats(self) -> Tuple[float, int]:
+    """(sum of emitted tokens' log-probs, their count) since the engine started; kept on
+    device and added asynchronously, so reading it is the only host sync."""
+    totals = np.asarray(self._logp_totals)
+    return float(totals[0]), int(totals[1])
 
   # -- engine_api.Engine --------------------------------------------------------
   def prefill(self, *, params: VersionedParams, existing_prefix=None, padded_tokens,
@@ -274,7 +277,8 @@ class RollxEngine(engine_api.Engine):
 
   def generate(self, params: VersionedParams, decode_state: SlotState):
     version, weights = params.get()
-    decode_state, data = self._generate(weights, decode_state)
+    decode_state, data, stats = self._generate(weights, decode_state)
+    self._logp_totals = self._logp_totals + stats
     if not self._versions or self._versions[-1] != version:
       self._version_starts.append(self.num_steps)
       self._versions.append(version)
@@ -302,8 +306,7 @@ class RollxEngine(engine_api.Engine):
         logits=f32(s, cfg.vocab_size), pos=jnp.zeros((s,), jnp.int32),
         lengths=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
         temperature=jnp.ones((s,), jnp.float32), top_p=jnp.ones((s,), jnp.float32),
-        top_k=jnp.zeros((s,), jnp.int32), rng=jax.random.PRNGKey(self._seed),
-        sampled_logp_sum=f32(), sampled_count=jnp.zeros((), jnp.int32))
+        top_k=jnp.zeros((s,), jnp.int32), rng=jax.random.PRNGKey(self._seed))
     # Replicated over the server's mesh: slots live with the (tensor-sharded) weights.
     return jax.device_put(state, NamedSharding(self._mesh, P()))
 

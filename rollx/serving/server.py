@@ -187,6 +187,11 @@ class RolloutServer:
   def version(self) -> int:
     return self.engine.params_holder.version
 
+  def stats(self) -> Dict[str, float]:
+    logp_sum, count = self.engine.sampled_logprob_stats()
+    return {"sampled_tokens": float(count),
+            "sampled_logprob_mean": logp_sum / count if count else float("nan")}
+
   def update_params(self, params, version: int, abort_in_flight: bool = False) -> int:
     """New weights for the next generate step; returns how many requests were aborted."""
     self.engine.update_params(params, version)
