@@ -508,9 +508,3 @@ def groups_per_tag(manager: ml_collections.ConfigDict) -> Dict[str, int]:
     return dict(zip(tags, (int(p) for p in manager.num_groups_partition)))
   base, extra = divmod(manager.num_env_groups, len(tags))
   return {t: base + (i < extra) for i, t in enumerate(tags)}
-
-
-def env_config_of(config: ml_collections.ConfigDict, tag: str) -> Tuple[str, Dict[str, Any]]:
-  """(env_type, env_config as a plain dict) of a custom_envs tag."""
-  entry = config.custom_envs[tag]
-  return entry.env_type, ml_collections.ConfigDict(entry.env_config).to_dict()

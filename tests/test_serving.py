@@ -344,3 +344,14 @@ def test_jetthread_without_shim_kills_the_process():
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=180)
   assert result.returncode == -signal.SIGKILL and "alive" not in result.stdout
+
+
+def test_sticky_routing_is_bounded(monkeypatch):
+  from rollx.serving import client as client_lib
+  monkeypatch.setattr(client_lib, "MAX_STICKY", 3)
+  client = RolloutClient(["127.0.0.1:1", "127.0.0.1:2"])
+  for i in range(10):
+    client._pick(f"t{i}")
+  assert list(client._sticky) == ["t7", "t8", "t9"]
+  first = client._sticky["t8"]
+  assert client._pick("t8") == first and list(client._sticky)[-1] == "t8"

@@ -17,9 +17,10 @@ is retried. A bad request (INVALID_ARGUMENT) is not retried: it raises.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import grpc
 
@@ -29,6 +30,7 @@ from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 
 from rollx.serving import PREFILL_VERSION_KEY, REQUEST_ID_KEY, SAMPLING_KEY, VERSIONS_KEY
 
+MAX_STICKY = 65536  # far more than the trajectories in flight at once
 # Failures that mean "this server is gone or broken", as opposed to "this request is bad".
 _SERVER_FAILURES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
                     grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
@@ -71,7 +73,9 @@ class RolloutClient:
     if not addresses:
       raise ValueError("RolloutClient needs at least one server address")
     self._servers = [_Server(a) for a in addresses]
-    self._sticky: Dict[str, int] = {}
+    # trajectory -> server, least recently used first; bounded so that a long run
+    # (one entry per trajectory ever played) does not grow it without end.
+    self._sticky: "collections.OrderedDict[str, int]" = collections.OrderedDict()
     self._weight_targets = list(weight_targets)
     self.max_attempts = max_attempts or 2 * len(addresses) + 2
     self.timeout_s, self.revive_after_s = timeout_s, revive_after_s
@@ -101,6 +105,7 @@ class RolloutClient:
     if trajectory_id is not None:
       idx = self._sticky.get(trajectory_id)
       if idx is not None and self._servers[idx].alive:
+        self._sticky.move_to_end(trajectory_id)
         return idx
     alive = [i for i, s in enumerate(self._servers) if s.alive]
     if not alive:
@@ -109,12 +114,15 @@ class RolloutClient:
     idx = min(alive, key=lambda i: self._servers[i].outstanding)
     if trajectory_id is not None:
       self._sticky[trajectory_id] = idx
+      if len(self._sticky) > MAX_STICKY:
+        self._sticky.popitem(last=False)
     return idx
 
   def _mark_dead(self, idx: int, error: str) -> None:
     s = self._servers[idx]
     s.alive, s.dead_since, s.last_error = False, time.monotonic(), error
-    self._sticky = {t: i for t, i in self._sticky.items() if i != idx}
+    for t in [t for t, i in self._sticky.items() if i == idx]:
+      del self._sticky[t]
 
   def forget(self, trajectory_id: str) -> None:
     """Drop a finished trajectory's stickiness."""
