@@ -10,10 +10,28 @@ bitwise the saved one.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Dict, Optional
 
 import jax
 import orbax.checkpoint as ocp
+
+# Test hook (tests/test_resume.py): with ROLLX_HOLD_CHECKPOINT=<step> set, the save of
+# that step writes everything into Orbax's temporary directory, prints HOLD_MESSAGE and
+# then never commits (no rename into place), so a test can kill -9 the process
+# deterministically in the middle of a checkpoint write. Unset, Orbax runs as is.
+HOLD_ENV = "ROLLX_HOLD_CHECKPOINT"
+HOLD_MESSAGE = "checkpoint {step}: written, holding before the commit"
+
+
+class _HoldBeforeCommit(ocp.path.atomicity.AtomicRenameTemporaryPath):
+
+  async def finalize(self, *args, **kwargs):
+    step = self.get_final().name  # the step directory (items inside it are named)
+    if step == os.environ.get(HOLD_ENV):
+      print(HOLD_MESSAGE.format(step=step), flush=True)
+      threading.Event().wait()  # forever: the test kills the process here
+    await super().finalize(*args, **kwargs)
 
 
 class Checkpointer:
@@ -21,8 +39,9 @@ class Checkpointer:
   def __init__(self, directory: str, max_to_keep: int = 3):
     self.directory = os.path.abspath(directory)
     self.manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
-                                                             create=True))
+        self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True,
+            temporary_path_class=_HoldBeforeCommit if os.environ.get(HOLD_ENV) else None))
 
   def save(self, step: int, states: Dict[str, Any], meta: Dict[str, Any]) -> None:
     args = {name: ocp.args.StandardSave(state) for name, state in states.items()}

@@ -125,8 +125,11 @@ class AgenticPipeline:
     return states
 
   def save(self) -> None:
+    self.tracker.sync()  # the metrics of every step up to here survive a kill -9 too
     meta = {"step": self.step, "kl_coef": self.kl_ctrl.coef,
             "train_streams": ray.get(self.train_rollout.scheduler.stream_state.remote())}
+    if self.val_rollout is not None:  # resume: validation goes on with the next levels
+      meta["val_streams"] = ray.get(self.val_rollout.scheduler.stream_state.remote())
     self.checkpointer.save(self.step, self._states(), meta)
 
   def _restore(self, directory: str, step: int) -> None:
@@ -143,6 +146,12 @@ class AgenticPipeline:
     self.kl_ctrl.coef = float(meta["kl_coef"])
     self.step = int(meta["step"])
     ray.get(self.train_rollout.scheduler.load_stream_state.remote(meta["train_streams"]))
+    if self.val_rollout is not None and "val_streams" in meta:  # absent in older checkpoints
+      ray.get(self.val_rollout.scheduler.load_stream_state.remote(meta["val_streams"]))
+    if self.step % self.config.actor_train.model_update_frequency:
+      # train_step syncs only every model_update_frequency steps: the fresh servers
+      # would serve the initial weights (version 0) until then, not the restored ones.
+      self.sync_weights()
     logging.info("resumed from %s step %d", directory, self.step)
 
   # -- one step ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ class Tracker:
 
   def __init__(self, logging_dir: str, max_steps: int, enabled: bool = True):
     self.writer = SummaryWriter(logging_dir) if enabled else None
+    self.logging_dir, self.files = logging_dir, 1
     self.max_steps, self.start = max_steps, time.time()
 
   def scalars(self, step: int, metrics: Dict[str, float]) -> None:
@@ -47,6 +48,18 @@ class Tracker:
     bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
     print(f"[{bar}] step {step + 1}/{self.max_steps} {time.time() - self.start:6.0f}s {shown}",
           file=sys.stdout, flush=True)
+
+  def sync(self) -> None:
+    """Puts everything logged so far on disk (the pipeline calls it before each checkpoint,
+    so a run killed after it loses no step that its resumed run will not redo).
+    tensorboardX's flush() leaves the events still queued for its writer thread in memory;
+    closing the writer drains them. Logging goes on in a new event file (numbered: two
+    files made in the same second would otherwise share a name)."""
+    if self.writer is None:
+      return
+    self.writer.close()
+    self.files += 1
+    self.writer = SummaryWriter(self.logging_dir, filename_suffix=f".{self.files}")
 
   def close(self) -> None:
     if self.writer is not None:

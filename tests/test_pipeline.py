@@ -24,14 +24,24 @@ SMALL = [
 ]
 
 
+def train_flags(out, *extra):
+  """Flags of a tiny run of the default config writing everything under `out`; later
+  flags override earlier ones."""
+  return ["--config=configs/frozenlake.py", f"--config.output_dir={out}",
+          f"--config.logging_dir={out}/logs", f"--config.render_save_dir={out}/render",
+          *SMALL, *extra]
+
+
+def train_env(**extra):
+  """The environment of a training subprocess: one CPU device, this checkout."""
+  return dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT, **extra)
+
+
 def train(tmp_path, *extra, timeout=900):
   out = tmp_path / "run"
-  args = [sys.executable, "-m", "rollx.train", "--config=configs/frozenlake.py",
-          f"--config.output_dir={out}", f"--config.logging_dir={out}/logs",
-          f"--config.render_save_dir={out}/render", *SMALL, *extra]
-  env = dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT)
+  args = [sys.executable, "-m", "rollx.train", *train_flags(out, *extra)]
   return out, subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                             env=env)
+                             env=train_env())
 
 
 def test_train_three_steps_end_to_end(tmp_path):
