@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import ml_collections
@@ -176,6 +177,12 @@ def default_config() -> ml_collections.ConfigDict:
       train_env_manager=_env_manager(num_env_groups=8, group_size=8),
       val_env_manager=_env_manager(num_env_groups=16, group_size=1),
       custom_envs=_cd(),  # tag -> env_entry(...)
+      # -- cluster (launch/) ---------------------------------------------------
+      ray_address=config_dict.placeholder(str),  # None = start a local Ray; 'auto' / host:port = join
+      ray_resources=_cd(  # custom resources (`ray start --resources`) that place actors; '' = any node
+          env_worker="",  # env workers, e.g. 'rollx_env' (CPU hosts)
+          server="",  # actor_infer JetStream servers, e.g. 'rollx_infer' (accelerator hosts)
+      ),
   )
 
 
@@ -431,6 +438,23 @@ def _custom_envs(c: _Checker, cfg):
         c.error(f"{path}.env_config", str(e))
 
 
+# Ray's own resource names; a placement label must be a custom one.
+_RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "TPU", "memory", "object_store_memory")
+
+
+def _cluster(c: _Checker, cfg):
+  addr = cfg.ray_address
+  if addr is not None:
+    c.rule(addr == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d+", addr) is not None,
+           "ray_address", f"{addr!r}: expected 'auto' or host:port of a running Ray head")
+  for role, name in cfg.ray_resources.items():
+    if name:
+      c.rule(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", name) is not None
+             and name not in _RAY_BUILTIN_RESOURCES, f"ray_resources.{role}",
+             f"{name!r}: expected a custom resource name (letters, digits, _ or -), "
+             f"not one of {', '.join(_RAY_BUILTIN_RESOURCES)}")
+
+
 def _env_managers(c: _Checker, cfg):
   for name in ENV_MANAGERS:
     m = cfg[name]
@@ -493,6 +517,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _workers(c, config)
   _custom_envs(c, config)
   _env_managers(c, config)
+  _cluster(c, config)
   if c.errors:
     raise ConfigError(c.errors)
   if isinstance(config.resume_from_checkpoint, bool):

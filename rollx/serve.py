@@ -65,7 +65,10 @@ class ServerActor:
   """A rollout server inside a Ray actor. Weights arrive as (numpy) params through the
   object store and are swapped between generate steps (see RolloutServer.update_params)."""
 
-  def __init__(self, config_dict: dict, host: str = "127.0.0.1", port: int = 0):
+  def __init__(self, config_dict: dict, host: str | None = "127.0.0.1", port: int = 0):
+    if host is None:  # in a cluster: this node's address, which env workers elsewhere can reach
+      import ray
+      host = ray.util.get_node_ip_address()
     self.server = start_server(ml_collections.ConfigDict(config_dict), host, port)
 
   def address(self) -> str:
@@ -85,13 +88,22 @@ class ServerActor:
 
 
 def start_ray_servers(config: ml_collections.ConfigDict, num_servers: Optional[int] = None,
-                      host: str = "127.0.0.1", resources: Optional[dict] = None
+                      host: str | None = None, resources: dict | None = None
                       ) -> Tuple[list, List[str]]:
   """`num_servers` ServerActors (default: actor_infer.strategy_args.num_servers);
-  returns (actor handles, their addresses)."""
+  returns (actor handles, their addresses).
+
+  By default they run on the nodes labelled config.ray_resources.server and bind
+  127.0.0.1, or, when joining a cluster (config.ray_address), their node's IP."""
   import ray
+
+  from rollx.rollout.env_worker import placement
   n = num_servers or config.actor_infer.strategy_args.num_servers
-  actor_cls = ray.remote(num_cpus=0, resources=resources or {})(ServerActor)
+  if host is None and not config.get("ray_address"):
+    host = "127.0.0.1"
+  if resources is None:
+    resources = placement(config, "server")
+  actor_cls = ray.remote(num_cpus=0, resources=resources)(ServerActor)
   actors = [actor_cls.remote(config.to_dict(), host) for _ in range(n)]
   return actors, ray.get([a.address.remote() for a in actors])
 

@@ -1,7 +1,9 @@
 """Entry point: `python -m rollx.train --config=configs/frozenlake.py [--config.KEY=VALUE ...]`.
 
 Parses flags, validates the config once (a bad key or value exits with one line
-naming it), and runs the AgenticPipeline.
+naming it), joins the other hosts' processes when the environment says there are
+several (rollx.parallel.distributed; launch/ sets ROLLX_*), connects to a running
+Ray cluster when `ray_address` is set, and runs the AgenticPipeline.
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ from rollx import cli
 def run(config: ml_collections.ConfigDict):
   """The agentic RL loop (rollx.pipeline.AgenticPipeline) until config.max_steps."""
   from rollx.pipeline import AgenticPipeline  # heavy imports after flag parsing
-  return AgenticPipeline(config).run()
+  if not config.ray_address:
+    return AgenticPipeline(config).run()
+  import ray
+  # Joined here rather than by the pipeline (which starts a private Ray when none is
+  # up): the cluster outlives this run, so only disconnect from it at the end.
+  ray.init(address=config.ray_address, namespace="rollx", log_to_driver=False)
+  try:
+    return AgenticPipeline(config).run()
+  finally:
+    ray.shutdown()
 
 
 def main(argv: List[str]) -> None:
@@ -24,7 +35,13 @@ def main(argv: List[str]) -> None:
     cli.fail(f"unexpected arguments {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:  # Orbax and JetStream log every step at INFO
     logging.set_verbosity(logging.WARNING)
-  run(cli.load_config())
+  config = cli.load_config()
+  from rollx.parallel import distributed
+  try:  # before anything touches a JAX backend
+    distributed.maybe_initialize()
+  except distributed.DistributedEnvError as e:
+    cli.fail(str(e))
+  run(config)
 
 
 if __name__ == "__main__":

@@ -114,10 +114,23 @@ class Rollout:
     ray.kill(self.scheduler)
 
 
+# A label needs to be present, not counted: each actor asks for a sliver of it, so a
+# node started with `--resources='{"rollx_env": 1}'` takes up to 1000 of them.
+LABEL_AMOUNT = 0.001
+
+
+def placement(config: ml_collections.ConfigDict, role: str) -> dict:
+  """Ray `resources=` for an actor of `role` (a key of config.ray_resources): the node
+  label it must run on, or {} (any node)."""
+  label = config.get("ray_resources", {}).get(role, "")
+  return {label: LABEL_AMOUNT} if label else {}
+
+
 def start_rollout(config: ml_collections.ConfigDict, manager: str,
                   server_addresses: Sequence[str], render_env_ids: Sequence[int] = (),
                   stream: Optional[str] = None, resources: Optional[dict] = None) -> Rollout:
-  """Scheduler actor + ceil(envs / max_env_num_per_worker) env worker actors."""
+  """Scheduler actor + ceil(envs / max_env_num_per_worker) env worker actors, on the
+  nodes labelled config.ray_resources.env_worker unless `resources` says otherwise."""
   m = config[manager]
   env_ids = sorted(s.env_id for s in env_layout(m))
   per_worker = int(m.max_env_num_per_worker)
@@ -125,7 +138,9 @@ def start_rollout(config: ml_collections.ConfigDict, manager: str,
   assert len(chunks) == math.ceil(len(env_ids) / per_worker)
   scheduler = ray.remote(num_cpus=0)(RolloutScheduler).options(max_concurrency=10000).remote(
       config, manager, stream)
-  worker_cls = ray.remote(num_cpus=0, max_restarts=-1, resources=resources or {})(EnvWorker)
+  if resources is None:
+    resources = placement(config, "env_worker")
+  worker_cls = ray.remote(num_cpus=0, max_restarts=-1, resources=resources)(EnvWorker)
   config_ref = ray.put(config.to_dict())
   workers = [worker_cls.options(max_concurrency=10000).remote(
       config_ref, manager, chunk, scheduler, list(server_addresses), list(render_env_ids))
