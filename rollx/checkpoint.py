@@ -14,6 +14,7 @@ import threading
 from typing import Any, Dict, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 # Test hook (tests/test_resume.py): with ROLLX_HOLD_CHECKPOINT=<step> set, the save of
@@ -44,7 +45,7 @@ class Checkpointer:
             temporary_path_class=_HoldBeforeCommit if os.environ.get(HOLD_ENV) else None))
 
   def save(self, step: int, states: Dict[str, Any], meta: Dict[str, Any]) -> None:
-    args = {name: ocp.args.StandardSave(state) for name, state in states.items()}
+    args = {name: ocp.args.StandardSave(_global(state)) for name, state in states.items()}
     args["meta"] = ocp.args.JsonSave(meta)
     self.manager.save(step, args=ocp.args.Composite(**args))
     self.manager.wait_until_finished()
@@ -53,7 +54,7 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def restore(self, step: int, abstract_states: Dict[str, Any]):
-    args = {name: ocp.args.StandardRestore(abstract)
+    args = {name: ocp.args.StandardRestore(_global(abstract))
             for name, abstract in abstract_states.items()}
     args["meta"] = ocp.args.JsonRestore()
     restored = self.manager.restore(step, args=ocp.args.Composite(**args))
@@ -61,6 +62,25 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+
+
+def _global(tree):
+  """Multi-host: Orbax only takes arrays that live on the global device set; a
+  process-local array (the RNG key, made by each process alike) is saved and restored
+  as one replicated over all devices. Every host writes its shards, and Orbax's
+  primary host (process 0) the metadata and JSON."""
+  if jax.process_count() == 1:
+    return tree
+  replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(jax.devices(), ("all",)),
+                                          jax.sharding.PartitionSpec())
+
+  def one(x):
+    if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None:
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
+    if isinstance(x, jax.Array) and x.is_fully_addressable:
+      return jax.make_array_from_callback(x.shape, replicated, lambda i: np.asarray(x)[i])
+    return x
+  return jax.tree.map(one, tree)
 
 
 def resolve_resume(resume_from_checkpoint: str, output_dir: str):

@@ -35,7 +35,7 @@ import ray
 from rollx import checkpoint, models, serve
 from rollx.algos import advantages as adv_lib, kl as kl_lib, losses
 from rollx.models import hf, llm, logprobs
-from rollx.parallel import mesh as mesh_lib
+from rollx.parallel import distributed, mesh as mesh_lib
 from rollx.rollout.env_worker import start_rollout
 from rollx.rollout.render import save_episode_frames
 from rollx.rollout.types import RolloutBatch
@@ -168,12 +168,12 @@ class AgenticPipeline:
     for i in range(0, len(arrays["input_ids"]), self.minibatch):
       chunk = {k: jnp.asarray(v[i:i + self.minibatch]) for k, v in arrays.items()}
       out = fn(params, chunk)
-      outs.append(np.asarray(out[0] if isinstance(out, tuple) else out))
+      outs.append(distributed.to_host(out[0] if isinstance(out, tuple) else out))
     return np.concatenate(outs)
 
   def sync_weights(self) -> float:
     start = time.time()
-    self.client.update_params(jax.device_get(self.actor_state.params), self.step)
+    self.client.update_params(distributed.to_host(self.actor_state.params), self.step)
     self.train_rollout.set_version(self.step)
     if self.val_rollout is not None:
       self.val_rollout.set_version(self.step)
@@ -302,7 +302,10 @@ class AgenticPipeline:
 
   def export(self, out_dir: str) -> str:
     """The trained policy as a Hugging Face directory (transformers-loadable)."""
-    return hf.save_pretrained(jax.device_get(self.actor_state.params), self.model_config, out_dir,
+    params = distributed.to_host(self.actor_state.params)  # multi-host: every process gathers
+    if not distributed.is_coordinator():  # ... and process 0 writes
+      return out_dir
+    return hf.save_pretrained(params, self.model_config, out_dir,
                               tokenizer=self.tokenizer)
 
   def close(self) -> None:

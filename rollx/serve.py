@@ -94,10 +94,16 @@ def start_ray_servers(config: ml_collections.ConfigDict, num_servers: Optional[i
   returns (actor handles, their addresses).
 
   By default they run on the nodes labelled config.ray_resources.server and bind
-  127.0.0.1, or, when joining a cluster (config.ray_address), their node's IP."""
+  127.0.0.1, or, when joining a cluster (config.ray_address), their node's IP. In a
+  multi-host JAX run only process 0 starts them (the others get no handles, so their
+  weight pushes are no-ops, and the same addresses)."""
   import ray
 
+  from rollx.parallel import distributed
   from rollx.rollout.env_worker import placement
+  if not distributed.is_coordinator():
+    # Multi-host JAX: process 0 owns the servers; the others only learn where they are.
+    return [], distributed.broadcast_object(None)
   n = num_servers or config.actor_infer.strategy_args.num_servers
   if host is None and not config.get("ray_address"):
     host = "127.0.0.1"
@@ -105,7 +111,7 @@ def start_ray_servers(config: ml_collections.ConfigDict, num_servers: Optional[i
     resources = placement(config, "server")
   actor_cls = ray.remote(num_cpus=0, resources=resources)(ServerActor)
   actors = [actor_cls.remote(config.to_dict(), host) for _ in range(n)]
-  return actors, ray.get([a.address.remote() for a in actors])
+  return actors, distributed.broadcast_object(ray.get([a.address.remote() for a in actors]))
 
 
 def main(argv) -> None:

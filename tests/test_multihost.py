@@ -10,6 +10,7 @@ with the single-process run at test_sharding's tolerances (float32, rel 1e-5).
 import os
 import pickle
 import socket
+import struct
 import subprocess
 import sys
 
@@ -178,3 +179,70 @@ def test_single_process_settings():
 
 if __name__ == "__main__":
   _process_main(*sys.argv[1:4])
+
+
+def _train_two_processes(out, *overrides):
+  """`python -m rollx.train` as JAX processes 0 and 1 (4 CPU devices each), started by
+  launch/node.sh as on two hosts; returns their logs."""
+  port = _free_port()
+  procs = []
+  try:
+    for i in range(2):
+      env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+                 XLA_FLAGS="--xla_force_host_platform_device_count=4")
+      procs.append(subprocess.Popen(
+          ["bash", "launch/node.sh", "train", f"--index={i}", "--num-hosts=2",
+           "--head-address=127.0.0.1", f"--jax-port={port}", "--no-ray",
+           f"--python={sys.executable}", "--", "--config=configs/frozenlake.py",
+           f"--config.output_dir={out}", f"--config.logging_dir={out}/logs",
+           f"--config.render_save_dir={out}/render", "--config.eval_steps=0",
+           "--config.save_steps=1", "--config.rollout_batch_size=8",
+           "--config.train_env_manager.num_env_groups=2", "--config.train_env_manager.group_size=4",
+           "--config.custom_envs.FrozenLake.env_config.max_steps=4",
+           "--config.actor_train.strategy_args.fsdp_size=4",  # fsdp spans the processes
+           "--config.actor_train.strategy_args.tp_size=2",
+           "--config.actor_train.training_args.per_device_train_batch_size=2",
+           "--config.actor_infer.strategy_args.max_concurrent_decodes=8", *overrides],
+          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=900)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-4000:]
+  return logs
+
+
+@pytest.mark.slow
+def test_two_process_training_run_and_resume(tmp_path):
+  """Process 0 drives the Ray rollout and broadcasts each batch, both processes run the
+  sharded steps, checkpoints hold both processes' shards, process 0 writes the logs
+  and the export; a second run resumes from the last checkpoint."""
+  out = tmp_path / "run"
+  for log in _train_two_processes(out, "--config.max_steps=2"):
+    assert "step 2/2" in log and "ROLLX_NUM_PROCESSES=2" in log
+  assert sorted(os.listdir(out / "checkpoints")) == ["1", "2"]
+  assert (out / "export" / "config.json").exists()
+  assert _logged_steps(out / "logs" / "frozenlake_grpo") == [0, 1]  # once: process 0's
+  for log in _train_two_processes(out, "--config.max_steps=3",
+                                  "--config.resume_from_checkpoint=true"):
+    assert "step 3/3" in log and "step 1/3" not in log
+  assert sorted(os.listdir(out / "checkpoints")) == ["1", "2", "3"]
+  assert _logged_steps(out / "logs" / "frozenlake_grpo") == [0, 1, 2]
+
+
+def _logged_steps(logs, tag="score"):
+  """Steps of every `tag` scalar in the TensorBoard event files, duplicates kept."""
+  from tensorboardX.proto import event_pb2
+  steps = []
+  for name in os.listdir(logs):
+    data = (logs / name).read_bytes()
+    i = 0
+    while i + 12 <= len(data):  # TFRecords: length, crc, event, crc
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+      i += 12 + n + 4
+      steps += [event.step for v in event.summary.value if v.tag == tag]
+  return sorted(steps)

@@ -25,6 +25,7 @@ import ray
 
 from rollx import models
 from rollx.models import hf
+from rollx.parallel import distributed
 from rollx.rollout.env_manager import EnvManager
 from rollx.rollout.scheduler import RolloutScheduler, env_layout
 from rollx.serving.client import RolloutClient
@@ -102,7 +103,8 @@ class Rollout:
   config_ref: object = None
 
   def get_batch(self, batch_size: int):
-    return ray.get(self.scheduler.get_batch.remote(batch_size))
+    # Multi-host: every JAX process trains on this batch; see FollowerRollout.
+    return distributed.broadcast_object(ray.get(self.scheduler.get_batch.remote(batch_size)))
 
   def set_version(self, version: int) -> None:
     ray.get(self.scheduler.set_version.remote(version))
@@ -112,6 +114,38 @@ class Rollout:
     for w in self.workers:
       ray.kill(w, no_restart=True)
     ray.kill(self.scheduler)
+
+
+class _NoScheduler:
+  """Any `scheduler.method.remote(...)` call answered with None (as an ObjectRef, so
+  that the caller's ray.get works unchanged)."""
+
+  def __getattr__(self, name):
+    return _NoCall()
+
+
+class _NoCall:
+  def remote(self, *args, **kwargs):
+    return ray.put(None)
+
+
+class FollowerRollout:
+  """What start_rollout gives JAX processes other than 0 in a multi-host run: no actors
+  of its own (process 0 drives the one rollout system), the same batches as process 0
+  (received in get_batch, a collective made at the same point on every process), and
+  None from scheduler calls (checkpoint stream state is process 0's to save)."""
+
+  scheduler = _NoScheduler()
+  workers = ()
+
+  def get_batch(self, batch_size: int):
+    return distributed.broadcast_object(None)
+
+  def set_version(self, version: int) -> None:
+    pass
+
+  def stop(self) -> None:
+    pass
 
 
 # A label needs to be present, not counted: each actor asks for a sliver of it, so a
@@ -130,7 +164,10 @@ def start_rollout(config: ml_collections.ConfigDict, manager: str,
                   server_addresses: Sequence[str], render_env_ids: Sequence[int] = (),
                   stream: Optional[str] = None, resources: Optional[dict] = None) -> Rollout:
   """Scheduler actor + ceil(envs / max_env_num_per_worker) env worker actors, on the
-  nodes labelled config.ray_resources.env_worker unless `resources` says otherwise."""
+  nodes labelled config.ray_resources.env_worker unless `resources` says otherwise.
+  In a multi-host JAX run only process 0 starts them; the others get a FollowerRollout."""
+  if not distributed.is_coordinator():
+    return FollowerRollout()
   m = config[manager]
   env_ids = sorted(s.env_id for s in env_layout(m))
   per_worker = int(m.max_env_num_per_worker)
