@@ -2,6 +2,7 @@
 errors, shellcheck, and a local Ray cluster (head + worker node, started by
 launch/node.sh as on every host) hosting the env workers of a short training run."""
 
+import atexit
 import http.server
 import json
 import os
@@ -30,6 +31,7 @@ TRAIN_ARGS = ["--config=configs/frozenlake.py", "--config.max_steps=50"]
 
 # Tools a dry run must never start: stand-ins that fail loudly come first on PATH.
 _STUBS = tempfile.mkdtemp(prefix="rollx-launch-stubs-")
+atexit.register(shutil.rmtree, _STUBS, True)
 for _tool in ("gcloud", "ssh", "scp", "tar", "ray", "curl"):
   with open(os.path.join(_STUBS, _tool), "w") as _f:
     _f.write(f"#!/bin/sh\necho 'test_launch: {_tool} was run' >&2\nexit 99\n")
