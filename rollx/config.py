@@ -188,12 +188,13 @@ def default_config() -> ml_collections.ConfigDict:
 
 def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
               max_tokens_per_step: int = 64, system_prompt: str = "",
-              turn_template: str = "") -> ml_collections.ConfigDict:
+              turn_template: str = "", instructions: str = "") -> ml_collections.ConfigDict:
   """A `custom_envs` entry: which env class, its config, the per-turn token cap, and
-  the prompt text ('' = ROLL's system prompt / turn template, rollx.rollout.prompts)."""
+  the prompt text ('' = ROLL's system prompt / turn template, rollx.rollout.prompts;
+  the env's own `instructions`)."""
   return _cd(env_type=env_type, env_config=_cd(**(env_config or {})),
              max_tokens_per_step=max_tokens_per_step, system_prompt=system_prompt,
-             turn_template=turn_template)
+             turn_template=turn_template, instructions=instructions)
 
 
 _ENV_ENTRY_KEYS = tuple(env_entry("FrozenLake").keys())
@@ -395,7 +396,7 @@ def _custom_envs(c: _Checker, cfg):
     mt = entry.get("max_tokens_per_step")
     if not _is_int(mt) or mt < 1:
       c.error(f"{path}.max_tokens_per_step", f"must be an int >= 1, got {mt!r}")
-    for key in ("system_prompt", "turn_template"):
+    for key in ("system_prompt", "turn_template", "instructions"):
       if not isinstance(entry.get(key, ""), str):
         c.error(f"{path}.{key}", f"expected str, got {entry.get(key)!r}")
     template = entry.get("turn_template", "")

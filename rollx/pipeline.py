@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +39,7 @@ from rollx.rollout.env_worker import start_rollout
 from rollx.rollout.render import save_episode_frames
 from rollx.rollout.types import RolloutBatch
 from rollx.serving.client import RolloutClient
+from rollx.trainer import packing as packing_lib
 from rollx.trainer.step import Trainer
 from rollx.tracking import Tracker
 
@@ -155,13 +155,6 @@ class AgenticPipeline:
     logging.info("resumed from %s step %d", directory, self.step)
 
   # -- one step ------------------------------------------------------------------------
-  def _rows(self, arrays: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """Pads the batch to a multiple of the minibatch with empty rows (mask 0)."""
-    n = len(arrays["input_ids"])
-    target = math.ceil(n / self.minibatch) * self.minibatch
-    return {k: np.concatenate([v, np.zeros((target - n,) + v.shape[1:], v.dtype)])
-            for k, v in arrays.items()}
-
   def _chunked(self, fn, params, arrays) -> np.ndarray:
     """fn over fixed-size row chunks (one compilation), concatenated on host."""
     outs = []
@@ -235,8 +228,12 @@ class AgenticPipeline:
     batch, rollout_metrics = self.train_rollout.get_batch(c.rollout_batch_size)
     metrics["time/rollout"] = time.time() - t
     metrics.update(rollout_metrics)
-    arrays = self._rows({k: batch.arrays()[k] for k in
-                         ("input_ids", "segment_ids", "response_mask")})
+    # Packed rows for everything that runs the model; the unpacked [N, T] view for
+    # the per-sample advantage computation (rollx.trainer.packing).
+    packing = packing_lib.plan(batch.segment_ids.sum(axis=1), c.sequence_length, self.minibatch,
+                               pack=c.loss_agg_mode == "token-mean")
+    arrays = {"input_ids": packing.pack(batch.input_ids), "segment_ids": packing.segment_ids(),
+              "response_mask": packing.pack(batch.response_mask)}
     t = time.time()
     arrays["old_logp"] = self._chunked(self.actor.compute_logprobs, self.actor_state.params, arrays)
     if self.kl_on:
@@ -246,10 +243,13 @@ class AgenticPipeline:
                                            arrays)
     metrics["time/logprobs"] = time.time() - t
     n = len(batch)
-    adv, returns = self.advantages(batch, {k: v[:n] for k, v in arrays.items()})
-    pad = len(arrays["input_ids"]) - n
-    arrays["advantages"] = np.concatenate([adv, np.zeros((pad,) + adv.shape[1:], adv.dtype)])
-    arrays["returns"] = np.concatenate([returns, np.zeros((pad,) + adv.shape[1:], adv.dtype)])
+    per_sample = {k: packing.unpack(arrays[k]) for k in ("old_logp", "ref_logp", "old_values")
+                  if k in arrays}
+    per_sample["response_mask"] = batch.response_mask
+    adv, returns = self.advantages(batch, per_sample)
+    arrays["advantages"], arrays["returns"] = packing.pack(adv), packing.pack(returns)
+    metrics["packing/rows"] = float(packing.num_rows)
+    metrics["packing/fill"] = float(batch.segment_ids.sum() / arrays["input_ids"].size)
     t = time.time()
     if self.use_critic:
       self.critic_state, m = self._update(
@@ -262,9 +262,9 @@ class AgenticPipeline:
       self.actor_state, m = self._update(self.actor, self.actor_state, arrays, keys)
       metrics.update({f"actor/{k}": v for k, v in m.items()})
     metrics["time/train"] = time.time() - t
-    mask = arrays["response_mask"][:n]
+    mask = arrays["response_mask"]
     if self.kl_on:
-      kl = float((((arrays["old_logp"] - arrays["ref_logp"])[:n]) * mask).sum() / max(mask.sum(), 1))
+      kl = float(((arrays["old_logp"] - arrays["ref_logp"]) * mask).sum() / max(mask.sum(), 1))
       metrics["kl"] = kl
       self.kl_ctrl.update(kl, n)
       metrics["kl_coef"] = self.kl_ctrl.coef
@@ -284,7 +284,10 @@ class AgenticPipeline:
       self.tracker.transcripts(self.step, batch.trajectories, self.tokenizer)
     return metrics
 
-  def run(self) -> Dict[str, float]:
+  def run(self, on_step: Optional[Callable[[int, Dict[str, float]], bool]] = None
+          ) -> Dict[str, float]:
+    """Trains to max_steps; `on_step(step, metrics)` returning True stops early (benchmarks
+    with a wall-clock budget), with the usual final checkpoint and export."""
     c = self.config
     metrics: Dict[str, float] = {}
     try:
@@ -293,8 +296,11 @@ class AgenticPipeline:
         self.tracker.scalars(self.step, metrics)
         self.tracker.console(self.step, metrics)
         self.step += 1
-        if self.step % c.save_steps == 0 or self.step == c.max_steps:
+        stop = on_step is not None and on_step(self.step - 1, metrics)
+        if self.step % c.save_steps == 0 or self.step == c.max_steps or stop:
           self.save()
+        if stop:
+          break
       self.export(os.path.join(c.output_dir, "export"))
     finally:
       self.close()

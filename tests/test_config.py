@@ -69,9 +69,9 @@ def test_type_and_unknown_key_errors(mutate, key, match):
 @pytest.mark.parametrize("mutate,key,match", [
     (lambda c: setattr(c.train_env_manager, "tags", ("FrozenLake", "Sokobam")),
      "train_env_manager.tags", "'Sokobam' has no custom_envs entry"),
-    (lambda c: setattr(c.train_env_manager, "num_groups_partition", (30,)),
-     "train_env_manager.num_groups_partition", "sums to 30, but num_env_groups is 32"),
-    (lambda c: setattr(c.train_env_manager, "num_groups_partition", (16, 16)),
+    (lambda c: setattr(c.train_env_manager, "num_groups_partition", (14,)),
+     "train_env_manager.num_groups_partition", "sums to 14, but num_env_groups is 16"),
+    (lambda c: setattr(c.train_env_manager, "num_groups_partition", (8, 8)),
      "train_env_manager.num_groups_partition", "has 2 entries but tags has 1"),
     (lambda c: setattr(c, "rollout_batch_size", 100), "rollout_batch_size", "multiple"),
     (lambda c: setattr(c, "adv_estimator", "ppo"), "adv_estimator", "not one of"),

@@ -1,5 +1,7 @@
 """The shipped default model directory: offline, HF-format, covers the env prompts."""
 
+import collections
+
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -8,14 +10,14 @@ import transformers
 import envs
 from envs import sokoban
 from rollx import models
-from rollx.models import hf, llm, make_default
+from rollx.models import hf, llm, make_default, warm_start
 from rollx.rollout import prompts
 
 
 def test_default_dir_loads_through_the_hf_path_offline():
   loaded = models.load_model(None)
   assert loaded.model_dir == models.DEFAULT_MODEL_DIR
-  assert 1e6 < loaded.config.num_params < 10e6
+  assert 2e5 < loaded.config.num_params < 10e6
   tokenizer = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
   assert len(tokenizer) <= loaded.config.vocab_size
   assert loaded.config.eos_token_id == tokenizer.eos_token_id
@@ -34,11 +36,15 @@ def test_tokenizer_covers_env_prompts_and_chat_template():
     env = envs.make_env(env_type, cfg)
     obs, _ = env.reset(seed=123)
     assert tokenizer.decode(tokenizer.encode(obs)) == obs
-    for text in (env.instructions, prompts.TURN_TEMPLATE.format(
-        turn_idx=3, observation=obs, actions_left=7, max_response_length=8)):
+    assert len(tokenizer.encode(obs)) == len(obs)  # one token per grid cell / newline
+    turn = prompts.TURN_TEMPLATE.format(turn_idx=3, observation=obs, actions_left=7,
+                                        max_response_length=8)
+    assert tokenizer.decode(tokenizer.encode(turn)) == turn
+    words = turn.replace(obs, "")
+    for text in (env.instructions, words):  # prose: merges learned on env text
       ids = tokenizer.encode(text)
       assert tokenizer.decode(ids) == text
-      assert len(ids) < len(text.encode()) / 2.5  # merges learned on env text
+      assert len(ids) < len(text.encode()) / 2.5
   for action in ("Left", "Down", "Right", "Up"):
     ids = tokenizer.encode(f"<answer>{action}</answer>")
     assert tokenizer.convert_ids_to_tokens(ids) == ["<answer>", action, "</answer>"]
@@ -48,8 +54,30 @@ def test_tokenizer_covers_env_prompts_and_chat_template():
 
 
 def test_default_dir_is_reproducible(tmp_path):
-  make_default.build(str(tmp_path))
+  """Tokenizer and config byte for byte; the weights come from the warm start below."""
+  make_default.build(str(tmp_path), warm_start_steps=0)
   for name in ("config.json", "tokenizer.json"):
     assert (tmp_path / name).read_text() == open(f"{models.DEFAULT_MODEL_DIR}/{name}").read()
-  assert (tmp_path / "model.safetensors").read_bytes() == open(
-      f"{models.DEFAULT_MODEL_DIR}/model.safetensors", "rb").read()
+
+
+def test_warm_start_data_carry_no_task_signal():
+  """Every answer is a valid action drawn uniformly, whatever the observation."""
+  tokenizer = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
+  episodes = warm_start.random_valid_episodes(tokenizer, warm_start.WARM_START_ENVS, 400, seed=0)
+  actions = [turn["action"] for e in episodes for turn in e.transcript]
+  assert all(turn["valid"] for e in episodes for turn in e.transcript)
+  counts = collections.Counter(actions)
+  assert sorted(counts) == ["Down", "Left", "Right", "Up"]
+  expected = len(actions) / 4
+  assert all(abs(c - expected) < 4 * expected**0.5 for c in counts.values())
+  # the samples are the rollout loop's own: response tokens end with EOS
+  sample = episodes[0].samples[0]
+  response = [t for t, m in zip(sample.input_ids, sample.response_mask) if m]
+  assert response[-1] == tokenizer.eos_token_id
+
+
+def test_shipped_default_is_format_warm_started(tmp_path):
+  """The shipped weights answer in format; the same model before the warm start does not."""
+  assert warm_start.format_rate(models.DEFAULT_MODEL_DIR) >= 0.95
+  make_default.build(str(tmp_path), warm_start_steps=0)
+  assert warm_start.format_rate(str(tmp_path), num_prompts=8) == 0.0

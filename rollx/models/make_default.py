@@ -1,17 +1,20 @@
 """Builds the built-in default model directory `rollx/models/default/` (run once, shipped).
 
-    python -m rollx.models.make_default
+    python -m rollx.models.make_default        # ~3 min on 2 CPU cores
 
 1. A byte-level BPE tokenizer (the `tokenizers` library) trained on text the envs
    and prompt templates produce: system prompt, game instructions, rendered
    observations, the turn template, answers. Byte-level means any text encodes
-   (no unknown token); the merges make the env vocabulary cheap, and the answer
-   tags are single tokens (`<answer>Right</answer>` is three tokens).
-2. A small Qwen2-architecture policy (~2.6M params, tied embeddings), randomly
-   initialised from a fixed seed, saved as an ordinary HF directory, so `pretrain`
-   unset and `pretrain=/path/to/Qwen2.5-0.5B-Instruct` take the same code path.
+   (no unknown token); words merge, grid symbols never do (one token per cell),
+   and the answer tags are single tokens (`<answer>Right</answer>` is three tokens).
+2. A small Qwen2-architecture policy (~0.7M params, tied embeddings), initialised
+   from a fixed seed, then format-only warm started (`rollx.models.warm_start`:
+   random valid answers, no task signal), saved as an ordinary HF directory, so
+   `pretrain` unset and `pretrain=/path/to/Qwen2.5-0.5B-Instruct` take the same
+   code path.
 
-Deterministic: the same code gives the same files.
+The tokenizer and config are byte-for-byte reproducible; the weights are
+reproducible up to XLA's floating-point reduction order on the host that runs it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # The answer tags are single (non-special) tokens: a well-formed action is then
 # three tokens, `<answer>` `Right` `</answer>`, which a tiny model learns quickly.
 ANSWER_TOKENS = ["<answer>", "</answer>"]
+# One character that is neither whitespace nor a lowercase letter, and not the
+# capital that starts a word.
+# Small enough that RL on 2 CPU cores runs a step in seconds; deep enough to read a
+# grid and find the newest observation in a multi-turn context.
+HIDDEN, LAYERS = 128, 3
+WARM_START_STEPS = 100  # format-only SFT (rollx.models.warm_start)
+GRID_SYMBOL = r"[^\sa-z](?![a-z])"
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -62,7 +72,13 @@ def build_tokenizer():
   from tokenizers import decoders, models, pre_tokenizers, trainers
   import transformers
   tok = tokenizers.Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  # Every symbol that is not part of a lowercase word is its own pre-token: a grid
+  # row "_OP_" is then four tokens, one per cell, the same token for the same tile
+  # wherever it stands (BPE would merge "OP" or "#__" and hide the board's geometry
+  # from a small model). Words ("Right", "Push") and numbers stay cheap.
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(tokenizers.Regex(GRID_SYMBOL), behavior="isolated"),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -76,18 +92,21 @@ def build_tokenizer():
       model_max_length=4096, clean_up_tokenization_spaces=False)
 
 
-def build(out_dir: str = DEFAULT_DIR, seed: int = 0) -> str:
-  from rollx.models import hf, llm
+def build(out_dir: str = DEFAULT_DIR, seed: int = 0,
+          warm_start_steps: int = WARM_START_STEPS) -> str:
+  from rollx.models import hf, llm, warm_start
   tokenizer = build_tokenizer()
   config = llm.ModelConfig(
-      vocab_size=-(-len(tokenizer) // 128) * 128, hidden_size=256, intermediate_size=512, num_layers=4,
-      num_heads=4, num_kv_heads=2, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-6,
+      vocab_size=-(-len(tokenizer) // 128) * 128, hidden_size=HIDDEN, intermediate_size=3 * HIDDEN,
+      num_layers=LAYERS, num_heads=4, num_kv_heads=2, head_dim=HIDDEN // 4, rope_theta=10000.0, rms_norm_eps=1e-6,
       tie_word_embeddings=True, qkv_bias=True, max_position_embeddings=4096,
       architecture="Qwen2ForCausalLM", eos_token_id=tokenizer.eos_token_id,
       pad_token_id=tokenizer.pad_token_id)
   params = llm.init_params(llm.make_model(config), jax.random.PRNGKey(seed))
   hf.save_pretrained(jax.device_get(params), config, out_dir, tokenizer=tokenizer)
   print(f"wrote {out_dir}: {config.num_params / 1e6:.2f}M params, vocab {len(tokenizer)}")
+  if warm_start_steps:
+    warm_start.warm_start(out_dir, steps=warm_start_steps, seed=seed)
   return out_dir
 
 

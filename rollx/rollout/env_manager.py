@@ -47,9 +47,7 @@ class EnvManager:
     self.max_prompt_length = int(max_prompt_length or sequence_length)
     self.step_wise, self.history_length = step_wise, int(history_length)
     self.render, self.on_turn = render, on_turn
-    self.builder = prompts.PromptBuilder(
-        tokenizer, self.env.instructions, entry.get("system_prompt") or prompts.SYSTEM_PROMPT,
-        entry.get("turn_template") or prompts.TURN_TEMPLATE, self.max_tokens)
+    self.builder = prompts.builder_for(entry, self.env, tokenizer)
     self.num_env_errors = 0
 
   # -- the loop ----------------------------------------------------------------------

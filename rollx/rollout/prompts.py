@@ -22,6 +22,21 @@ TURN_TEMPLATE = (
     "1. output format is '<answer> [your answer] </answer>' with no extra text.\n"
     "2. You have {actions_left} actions left.\n"
     "3. Max response length: {max_response_length} words (tokens).\nDecide the next action:\n")
+# The observation alone. ROLL's template above spends ~75 tokens a turn restating the
+# format; a model that already answers in format (warm start, instruct model) does not
+# need it, and on a small CPU budget shorter sequences mean more RL steps.
+COMPACT_TURN_TEMPLATE = "{observation}"
+# Short prompts for the small default model (custom_envs entry fields): a few words of
+# task and the answer format instead of ROLL's paragraph, which would be most of
+# every sequence's tokens on a 4x4 board.
+COMPACT_PROMPTS = {
+    "FrozenLake": dict(system_prompt="FrozenLake.", turn_template=COMPACT_TURN_TEMPLATE,
+                       instructions="Walk P to G, avoid O. Answer <answer>Left</answer>, "
+                                    "Down, Right or Up."),
+    "Sokoban": dict(system_prompt="Sokoban.", turn_template=COMPACT_TURN_TEMPLATE,
+                    instructions="You are P. Push every box X onto a target O. Answer "
+                                 "<answer>Up</answer>, Down, Left or Right."),
+}
 HISTORY_TEMPLATE = "Turn {turn_idx}:\nObservation:\n{observation}\nAction: {action}\nReward: {reward}\n"
 _MARK_RESPONSE, _MARK_USER = "\x00RESPONSE\x00", "\x00USER\x00"
 
@@ -29,6 +44,14 @@ _MARK_RESPONSE, _MARK_USER = "\x00RESPONSE\x00", "\x00USER\x00"
 def observation_hash(observation: str) -> str:
   """GiGPO anchor-state key: identical observations share it."""
   return hashlib.sha1(observation.encode()).hexdigest()[:16]
+
+
+def builder_for(entry, env, tokenizer) -> "PromptBuilder":
+  """The PromptBuilder of a `custom_envs` entry ('' fields fall back to the defaults)."""
+  return PromptBuilder(tokenizer, entry.get("instructions") or env.instructions,
+                       entry.get("system_prompt") or SYSTEM_PROMPT,
+                       entry.get("turn_template") or TURN_TEMPLATE,
+                       int(entry["max_tokens_per_step"]))
 
 
 class PromptBuilder:

@@ -1,0 +1,163 @@
+"""Format-only warm start: teaches a model the answer format, and nothing about the task.
+
+    python -m rollx.models.warm_start --model_dir=DIR [--steps=200]
+
+Real runs start RL from an instruct model that already answers in the requested
+format; a randomly initialised model never emits `<answer>Right</answer>` by chance,
+so RL from scratch would have no signal at all. This script stands in for
+instruction tuning, honestly: it runs real episodes of the envs through the same
+`EnvManager` loop and prompt templates the rollouts use, but every response is a
+uniformly random valid action (`env.sample_valid_response`), independent of the
+observation. The model learns the answer format, when to stop (EOS after the
+closing tag) and a uniform action distribution; any task skill it shows after RL
+was learned by RL.
+
+`WARM_START_ENVS` lists the envs and templates the shipped default model is warm
+started on (those of configs/frozenlake.py and configs/sokoban.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import List, Sequence, Tuple
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import envs
+from rollx import config as rollx_config
+from rollx.models import hf, logprobs
+from rollx.parallel import mesh as mesh_lib
+from rollx.rollout import prompts
+from rollx.rollout.env_manager import EnvManager
+from rollx.rollout.types import Ticket, Trajectory, collate
+from rollx.trainer import packing
+
+SEQUENCE_LENGTH = 512
+# (tag, env entry): the prompts the default model must answer in format.
+WARM_START_ENVS = (
+    ("FrozenLake", rollx_config.env_entry(
+        "FrozenLake", env_config=dict(size=4, p=0.8, is_slippery=False, max_steps=10),
+        max_tokens_per_step=8, **prompts.COMPACT_PROMPTS["FrozenLake"])),
+    ("SimpleSokoban", rollx_config.env_entry(
+        "Sokoban", env_config=dict(dim_room=(6, 6), num_boxes=1, search_depth=30, max_steps=10),
+        max_tokens_per_step=8, **prompts.COMPACT_PROMPTS["Sokoban"])),
+)
+
+
+@dataclasses.dataclass
+class _Generated:
+  token_ids: List[int]
+  token_versions: List[int]
+  policy_version: int = -1
+
+
+def random_valid_episodes(tokenizer, entries: Sequence[Tuple[str, dict]], num_episodes: int,
+                          seed: int, sequence_length: int = SEQUENCE_LENGTH) -> List[Trajectory]:
+  """Episodes of the real env loop whose every answer is a random valid action."""
+  rng = np.random.default_rng(seed)
+  trajectories = []
+  for k, (tag, entry) in enumerate(entries):
+    holder = {}
+
+    async def generate(request_id, prompt_ids, max_tokens, **_):
+      text = holder["manager"].env.sample_valid_response(rng)
+      ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
+      return _Generated(ids[:max_tokens], [-1] * min(len(ids), max_tokens))
+
+    manager = EnvManager(k, tag, entry, tokenizer, generate, sequence_length=sequence_length)
+    holder["manager"] = manager
+    for i in range(num_episodes // len(entries)):
+      ticket = Ticket(env_id=k, tag=tag, group_id=i, generation=0,
+                      seed=int(rng.integers(2**31)))
+      trajectories.append(asyncio.run(manager.run_episode(ticket)))
+  return trajectories
+
+
+def _sft_loss(model, params, batch, rng):
+  logp, _ = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"])
+  mask = batch["response_mask"]
+  nll = -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  return nll, {"nll": nll}
+
+
+def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_rate: float = 2e-3,
+               seed: int = 0, entries=WARM_START_ENVS, log_every: int = 50) -> dict:
+  """Trains the model in `model_dir` in place on random-valid-answer episodes."""
+  from rollx.trainer.step import Trainer
+  from rollx import models
+  loaded = models.load_model(model_dir)
+  tokenizer = hf.load_tokenizer(model_dir)
+  worker = rollx_config.default_config().actor_train
+  worker.training_args.update(learning_rate=learning_rate, per_device_train_batch_size=batch_size,
+                              warmup_steps=max(1, steps // 10), lr_scheduler_type="cosine")
+  worker.strategy_args.update(dp_size=1)
+  worker.model_args.disable_gradient_checkpointing = True  # small model: memory is no issue
+  mesh = mesh_lib.make_mesh(worker.strategy_args, None, "warm_start")
+  trainer = Trainer(loaded.config, worker, mesh, _sft_loss, steps)
+  state = trainer.init_state(jax.device_get(loaded.params))
+  # Packed rows (rollx.trainer.packing): random episodes are short, padding would
+  # be most of the compute.
+  episodes = random_valid_episodes(tokenizer, entries, steps * batch_size, seed)
+  samples = collate(episodes, SEQUENCE_LENGTH)
+  plan = packing.plan(samples.segment_ids.sum(axis=1), SEQUENCE_LENGTH, batch_size)
+  data = {"input_ids": plan.pack(samples.input_ids), "segment_ids": plan.segment_ids(),
+          "response_mask": plan.pack(samples.response_mask)}
+  order = np.random.default_rng(seed).permutation(plan.num_rows)
+  rng = jax.random.PRNGKey(seed)
+  metrics = {}
+  for step in range(steps):
+    rows = order[np.arange(step * batch_size, (step + 1) * batch_size) % len(order)]
+    batch = trainer.batch_sharding({k: jnp.asarray(v[rows]) for k, v in data.items()})
+    rng, key = jax.random.split(rng)
+    state, metrics = trainer.update(state, batch, key)
+    if log_every and (step % log_every == 0 or step == steps - 1):
+      print(f"warm start step {step}: nll {float(metrics['nll']):.4f}", flush=True)
+  # weights only: re-saving a loaded tokenizer would rewrite its files (normalizer)
+  hf.save_pretrained(jax.device_get(state.params), loaded.config, model_dir)
+  return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def format_rate(model_dir: str, entries=WARM_START_ENVS, num_prompts: int = 32,
+                seed: int = 1) -> float:
+  """Share of sampled (temperature 1) first answers that parse as a valid action."""
+  from rollx import models
+  from rollx.models import llm
+  from envs import parsing
+  loaded = models.load_model(model_dir)
+  tokenizer = hf.load_tokenizer(model_dir)
+  rng = jax.random.PRNGKey(seed)
+  valid = total = 0
+  for tag, entry in entries:
+    env = envs.make_env(entry["env_type"], dict(entry["env_config"]))
+    builder = prompts.builder_for(entry, env, tokenizer)
+    for i in range(num_prompts):
+      obs, _ = env.reset(seed=seed * 100003 + i)
+      rng, key = jax.random.split(rng)
+      out = llm.generate(loaded.model, loaded.params, builder.first_prompt(obs, env.actions_left),
+                         int(entry["max_tokens_per_step"]), tokenizer.eos_token_id,
+                         temperature=1.0, rng=key)
+      text = tokenizer.decode(out, skip_special_tokens=True)
+      valid += parsing.parse_action(text, env.ACTIONS, env.config.action_pattern) is not None
+      total += 1
+  return valid / total
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", None, "HF model directory to warm start in place.")
+flags.DEFINE_integer("steps", 100, "optimizer steps")
+flags.DEFINE_integer("seed", 0, "data and optimizer seed")
+
+
+def main(argv):
+  del argv
+  warm_start(FLAGS.model_dir, steps=FLAGS.steps, seed=FLAGS.seed)
+  print(f"format rate: {format_rate(FLAGS.model_dir):.3f}")
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("model_dir")
+  app.run(main)

@@ -1,0 +1,84 @@
+"""Sequence packing: several samples per [sequence_length] row, told apart by segment ids.
+
+A multi-turn batch is mostly short samples (an episode that falls into a hole on
+turn 2 is ~150 tokens) padded to the longest allowed one; the train step pays for
+every padded position. Packing puts samples side by side in rows of the same
+width (first-fit decreasing), numbering them 1, 2, ... within a row; the model's
+segment mask keeps attention and positions inside each sample and log-probs never
+predict across a boundary (rollx.models.logprobs). Shapes stay static: the row
+width is `sequence_length` and the row count is rounded up to a multiple of the
+minibatch, so the jitted functions see one batch shape (plus one per row count).
+
+Per-sample computations that run over time (GAE, KL-to-go) happen on the
+unpacked [N, T] view (`unpack`), the step itself on the packed one (`pack`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+  row: np.ndarray  # [N] packed row of each sample
+  offset: np.ndarray  # [N] its first position in that row
+  length: np.ndarray  # [N] its number of tokens
+  segment: np.ndarray  # [N] its segment id in the row (1-based)
+  num_rows: int
+  width: int
+
+  @property
+  def _index(self):
+    """(sample, t) -> (row, offset + t) for every real token, as flat index arrays."""
+    sample = np.repeat(np.arange(len(self.length)), self.length)
+    starts = np.cumsum(self.length) - self.length
+    t = np.arange(len(sample)) - np.repeat(starts, self.length)
+    return sample, t, self.row[sample], self.offset[sample] + t
+
+  def pack(self, x_nt: np.ndarray) -> np.ndarray:
+    """[N, T, ...] sample-aligned -> [num_rows, width, ...] packed (zeros elsewhere)."""
+    sample, t, row, col = self._index
+    out = np.zeros((self.num_rows, self.width) + x_nt.shape[2:], x_nt.dtype)
+    out[row, col] = x_nt[sample, t]
+    return out
+
+  def unpack(self, y_rt: np.ndarray) -> np.ndarray:
+    """[num_rows, width, ...] packed -> [N, width, ...] with each sample at position 0."""
+    sample, t, row, col = self._index
+    out = np.zeros((len(self.length), self.width) + y_rt.shape[2:], y_rt.dtype)
+    out[sample, t] = y_rt[row, col]
+    return out
+
+  def segment_ids(self) -> np.ndarray:
+    sample, _, row, col = self._index
+    out = np.zeros((self.num_rows, self.width), np.int32)
+    out[row, col] = self.segment[sample]
+    return out
+
+
+def plan(lengths, width: int, row_multiple: int = 1, pack: bool = True) -> Packing:
+  """First-fit decreasing into rows of `width`; `pack=False`: one sample per row."""
+  lengths = np.asarray(lengths, np.int64)
+  if len(lengths) and lengths.max() > width:
+    raise ValueError(f"a sample of {lengths.max()} tokens exceeds sequence_length={width}")
+  n = len(lengths)
+  row, offset, segment = np.zeros(n, np.int64), np.zeros(n, np.int64), np.ones(n, np.int64)
+  if pack:
+    used, count = [], []  # per open row: tokens used, samples in it
+    for i in np.argsort(-lengths, kind="stable"):
+      k = next((r for r, u in enumerate(used) if u + lengths[i] <= width), len(used))
+      if k == len(used):
+        used.append(0)
+        count.append(0)
+      row[i], offset[i] = k, used[k]
+      used[k] += lengths[i]
+      count[k] += 1
+      segment[i] = count[k]
+    rows = len(used)
+  else:
+    row, rows = np.arange(n), n
+  num_rows = max(1, math.ceil(rows / row_multiple)) * row_multiple
+  return Packing(row, offset, lengths, segment, num_rows, width)
