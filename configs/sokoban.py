@@ -9,12 +9,14 @@ Hardware:  one CPU host (2 cores) for the default model; a GPU/TPU host for
 Runtime:   not measured yet for this config (see the README table for FrozenLake's
            seconds per step on 2 CPU cores).
 Expected:  the target is a SimpleSokoban success curve that rises over 60 min on 2 CPU
-           cores (no threshold yet); RAGEN reports ~0.2 for Qwen2.5-0.5B. Not shown yet:
-           the default model is not warm-started and these settings are untuned.
+           cores (no threshold yet); RAGEN reports ~0.2 for Qwen2.5-0.5B. Not shown yet
+           (see the README's learning section). The default model is format-warm-started
+           on SimpleSokoban's compact prompts (rollx.models.warm_start).
 """
 
 from envs import sokoban
 from rollx import config as rollx_config
+from rollx.rollout import prompts
 
 
 def get_config():
@@ -43,6 +45,9 @@ def get_config():
   config.val_env_manager.tags = config.train_env_manager.tags  # equal split: 16 each
 
   for variant, env_config in sokoban.VARIANTS.items():
+    text = dict(prompts.COMPACT_PROMPTS["Sokoban"])
+    if "grid_lookup" in env_config:  # other symbols: keep the env's own legend
+      del text["instructions"]
     config.custom_envs[variant] = rollx_config.env_entry(
-        "Sokoban", env_config=env_config, max_tokens_per_step=8)
+        "Sokoban", env_config=env_config, max_tokens_per_step=8, **text)
   return config
