@@ -24,9 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rollx import cli  # noqa: E402  (defines --config)
 
-flags.DEFINE_float("minutes", 30.0, "wall-clock budget, startup included")
-flags.DEFINE_integer("seed", None, "overrides config.seed")
-flags.DEFINE_string("out", None, "write <out>.csv and <out>.png")
 FLAGS = flags.FLAGS
 
 
@@ -99,4 +96,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # flags only when run as a script (tests import learning_curve)
+  flags.DEFINE_float("minutes", 30.0, "wall-clock budget, startup included")
+  flags.DEFINE_integer("seed", None, "overrides config.seed")
+  flags.DEFINE_string("out", None, "write <out>.csv and <out>.png")
   app.run(main, flags_parser=cli.parse_flags)

@@ -146,18 +146,17 @@ def format_rate(model_dir: str, entries=WARM_START_ENVS, num_prompts: int = 32,
   return valid / total
 
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "HF model directory to warm start in place.")
-flags.DEFINE_integer("steps", 100, "optimizer steps")
-flags.DEFINE_integer("seed", 0, "data and optimizer seed")
-
-
 def main(argv):
   del argv
+  FLAGS = flags.FLAGS
   warm_start(FLAGS.model_dir, steps=FLAGS.steps, seed=FLAGS.seed)
   print(f"format rate: {format_rate(FLAGS.model_dir):.3f}")
 
 
 if __name__ == "__main__":
+  # flags only when run as a script: importing this module must not claim flag names
+  flags.DEFINE_string("model_dir", None, "HF model directory to warm start in place.")
+  flags.DEFINE_integer("steps", 100, "optimizer steps")
+  flags.DEFINE_integer("seed", 0, "data and optimizer seed")
   flags.mark_flag_as_required("model_dir")
   app.run(main)
