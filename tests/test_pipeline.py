@@ -56,4 +56,5 @@ def test_train_three_steps_end_to_end(tmp_path):
   assert glob.glob(f"{out}/render/step_00000/*/episode.gif")
   model = transformers.AutoModelForCausalLM.from_pretrained(f"{out}/export", local_files_only=True)
   with torch.no_grad():
-    assert model(torch.tensor([[1, 2, 3]])).logits.shape[-1] >= 847
+    logits = model(torch.tensor([[1, 2, 3]])).logits
+  assert logits.shape[-1] >= len(transformers.AutoTokenizer.from_pretrained(f"{out}/export"))

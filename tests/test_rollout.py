@@ -293,7 +293,7 @@ def test_play_cli_human_and_bad_env():
        "--policy=human"], input=answers, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr
   out = result.stdout
-  assert "[prompt]" in out and "Turn 1:" in out and "[action] Right" in out
+  assert "[prompt]" in out and "Walk P to G" in out and "[action] Right" in out
   assert "[response] 'no idea'" in out and "[action] INVALID   [reward] -0.01" in out
   assert "===== score" in out
   bad = subprocess.run([sys.executable, "-m", "rollx.play", "--config=configs/frozenlake.py",
