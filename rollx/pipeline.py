@@ -7,7 +7,8 @@
     5. KL penalty, advantages by adv_estimator
     6. critic update (gae); actor update once step >= critic_warmup: ppo_epochs over
        shuffled minibatches of per_device_train_batch_size x gradient_accumulation_steps
-       x data shards rows
+       x data shards rows (packed rows of sequence_length tokens: several samples each
+       under token-mean aggregation, rollx.trainer.packing)
     7. metrics (TensorBoard + console), transcripts every logging_steps, checkpoint
        every save_steps and at the end; the final policy exported as an HF directory.
 
