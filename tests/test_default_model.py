@@ -4,6 +4,7 @@ import collections
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 import transformers
 
@@ -53,11 +54,18 @@ def test_tokenizer_covers_env_prompts_and_chat_template():
   assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_default_dir_is_reproducible(tmp_path):
+@pytest.fixture(scope="module")
+def rebuilt_without_warm_start(tmp_path_factory):
+  """`make_default.build` run again, stopping before the warm start."""
+  out = tmp_path_factory.mktemp("default")
+  make_default.build(str(out), warm_start_steps=0)
+  return out
+
+
+def test_default_dir_is_reproducible(rebuilt_without_warm_start):
   """Tokenizer and config byte for byte; the weights come from the warm start below."""
-  make_default.build(str(tmp_path), warm_start_steps=0)
   for name in ("config.json", "tokenizer.json"):
-    assert (tmp_path / name).read_text() == open(f"{models.DEFAULT_MODEL_DIR}/{name}").read()
+    assert (rebuilt_without_warm_start / name).read_text() == open(f"{models.DEFAULT_MODEL_DIR}/{name}").read()
 
 
 def test_warm_start_data_carry_no_task_signal():
@@ -76,8 +84,7 @@ def test_warm_start_data_carry_no_task_signal():
   assert response[-1] == tokenizer.eos_token_id
 
 
-def test_shipped_default_is_format_warm_started(tmp_path):
+def test_shipped_default_is_format_warm_started(rebuilt_without_warm_start):
   """The shipped weights answer in format; the same model before the warm start does not."""
   assert warm_start.format_rate(models.DEFAULT_MODEL_DIR) >= 0.95
-  make_default.build(str(tmp_path), warm_start_steps=0)
-  assert warm_start.format_rate(str(tmp_path), num_prompts=8) == 0.0
+  assert warm_start.format_rate(str(rebuilt_without_warm_start), num_prompts=8) == 0.0

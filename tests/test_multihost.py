@@ -33,6 +33,21 @@ HEAD = "lm"
 STEPS = 2
 
 
+def _wait_all(procs, timeout):
+  """Outputs of all processes; each must exit 0."""
+  logs = [p.communicate(timeout=timeout)[0] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-4000:]
+  return logs
+
+
+def _kill_all(procs):
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+
+
 def _compute(mesh_kwargs, devices, params, batch):
   """test_sharding.run's train steps on this mesh, gathered with distributed.to_host."""
   from rollx.parallel import mesh as mesh_lib
@@ -105,14 +120,9 @@ def two_processes(request, tmp_path_factory):
       procs.append(subprocess.Popen(
           [sys.executable, os.path.abspath(__file__), mesh_name, inputs, out], cwd=ROOT, env=env,
           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=400)[0] for p in procs]
+    _wait_all(procs, 400)
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  for p, log in zip(procs, logs):
-    assert p.returncode == 0, log[-4000:]
+    _kill_all(procs)
   results = []
   for i in range(2):
     with open(f"{out}.{i}", "rb") as f:
@@ -204,14 +214,9 @@ def _train_two_processes(out, *overrides):
            "--config.actor_train.training_args.per_device_train_batch_size=2",
            "--config.actor_infer.strategy_args.max_concurrent_decodes=8", *overrides],
           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=900)[0] for p in procs]
+    logs = _wait_all(procs, 900)
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  for p, log in zip(procs, logs):
-    assert p.returncode == 0, log[-4000:]
+    _kill_all(procs)
   return logs
 
 

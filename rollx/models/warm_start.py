@@ -61,15 +61,14 @@ def random_valid_episodes(tokenizer, entries: Sequence[Tuple[str, dict]], num_ep
   rng = np.random.default_rng(seed)
   trajectories = []
   for k, (tag, entry) in enumerate(entries):
-    holder = {}
+    sampler = envs.make_env(entry["env_type"], dict(entry["env_config"]))
 
-    async def generate(request_id, prompt_ids, max_tokens, **_):
-      text = holder["manager"].env.sample_valid_response(rng)
+    async def generate(request_id, prompt_ids, max_tokens, sampler=sampler, **_):
+      text = sampler.sample_valid_response(rng)  # state-independent: no task signal
       ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
       return _Generated(ids[:max_tokens], [-1] * min(len(ids), max_tokens))
 
     manager = EnvManager(k, tag, entry, tokenizer, generate, sequence_length=sequence_length)
-    holder["manager"] = manager
     for i in range(num_episodes // len(entries)):
       ticket = Ticket(env_id=k, tag=tag, group_id=i, generation=0,
                       seed=int(rng.integers(2**31)))

@@ -16,6 +16,7 @@ unpacked [N, T] view (`unpack`), the step itself on the packed one (`pack`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -30,7 +31,7 @@ class Packing:
   num_rows: int
   width: int
 
-  @property
+  @functools.cached_property  # a step packs/unpacks ~8 arrays with the same plan
   def _index(self):
     """(sample, t) -> (row, offset + t) for every real token, as flat index arrays."""
     sample = np.repeat(np.arange(len(self.length)), self.length)
