@@ -267,7 +267,9 @@ class AgenticPipeline:
     if self.kl_on:
       kl = float(((arrays["old_logp"] - arrays["ref_logp"]) * mask).sum() / max(mask.sum(), 1))
       metrics["kl"] = kl
-      self.kl_ctrl.update(kl, n)
+      # the controller's horizon counts episodes (rollout_batch_size), whether an
+      # episode is one trajectory-wise row or one step-wise row per env step
+      self.kl_ctrl.update(kl, len(batch.trajectories))
       metrics["kl_coef"] = self.kl_ctrl.coef
     tags = sorted(set(batch.tags))
     metrics["score"] = float(np.mean([metrics[f"{t}/score_mean"] for t in tags]))

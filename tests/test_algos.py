@@ -98,6 +98,55 @@ def test_gigpo_anchor_groups_and_combined_advantage_by_hand():
                              [0.5, 1.0, 0.0, 0.0, 0.0])
 
 
+@pytest.mark.parametrize("estimator", ["gae", "grpo", "reinforce"])
+def test_step_wise_rows_get_the_advantages_of_their_trajectory(estimator):
+  # Two groups of two episodes; each episode is one trajectory-wise row (responses of
+  # all its turns, prompts between them) and the same tokens cut into one row per step,
+  # rows shuffled. gae / grpo / reinforce must credit each response token the same.
+  rng = np.random.default_rng(0)
+  turns = [3, 1, 2, 4]  # env steps per episode
+  scores = np.array([1.0, 0.0, 0.3, -0.2], np.float32)
+  traj_mask, traj_values, traj_kl, step_rows = [], [], [], []
+  for e, n in enumerate(turns):
+    mask, values, kl = [], [], []
+    for s in range(n):
+      m = [0.0] * int(rng.integers(2, 5)) + [1.0] * int(rng.integers(1, 4))  # prompt, response
+      v = list(rng.normal(size=len(m)).astype(np.float32))
+      k = list(rng.normal(size=len(m)).astype(np.float32) * 0.1 * m)  # KL on responses only
+      step_rows.append((e, s, m, v, k))
+      mask, values, kl = mask + m, values + v, kl + k
+    traj_mask.append(mask), traj_values.append(values), traj_kl.append(kl)
+
+  def pad(rows, width=40):
+    return jnp.asarray([r + [0.0] * (width - len(r)) for r in rows], jnp.float32)
+
+  config = cfg(adv_estimator=estimator, gamma=0.9, lambd=0.8)
+  traj = {"response_mask": pad(traj_mask), "values": pad(traj_values), "token_kl": pad(traj_kl),
+          "scores": jnp.asarray(scores), "episode_scores": jnp.asarray(scores),
+          "group_ids": jnp.array([0, 0, 1, 1]), "episode_ids": jnp.arange(4),
+          "step_index": jnp.zeros(4, jnp.int32)}
+  want_adv, want_ret = adv_lib.compute_advantages(traj, config)
+  order = rng.permutation(len(step_rows))
+  rows = [step_rows[i] for i in order]
+  step = {"response_mask": pad([m for *_, m, v, k in rows]),
+          "values": pad([v for *_, m, v, k in rows]), "token_kl": pad([k for *_, m, v, k in rows]),
+          "scores": jnp.zeros(len(rows)),  # step rewards: not what these estimators use
+          "episode_scores": jnp.asarray(scores[[e for e, *_ in rows]]),
+          "group_ids": jnp.array([[5, 7][e // 2] for e, *_ in rows]),  # any ids
+          "episode_ids": jnp.array([e for e, *_ in rows]),
+          "step_index": jnp.array([s for _, s, *_ in rows])}
+  got_adv, got_ret = adv_lib.compute_advantages(step, config)
+  for name, got, want in (("advantages", got_adv, want_adv), ("returns", got_ret, want_ret)):
+    for e in range(4):  # the episode's response tokens, step by step, in order
+      want_e = np.asarray(want[e])[np.asarray(traj["response_mask"][e]) > 0]
+      got_e = np.concatenate([np.asarray(got[i])[np.asarray(step["response_mask"][i]) > 0]
+                              for s in range(turns[e]) for i in range(len(rows))
+                              if rows[i][0] == e and rows[i][1] == s])
+      np.testing.assert_allclose(got_e, want_e, rtol=1e-5, atol=1e-6, err_msg=name)
+    pad_mask = np.asarray(step["response_mask"]) == 0
+    assert np.all(np.asarray(got)[pad_mask] == 0), name
+
+
 def test_whiten_and_clip():
   inputs = {"response_mask": jnp.ones((4, 2)), "scores": jnp.array([3., 0, 1, 2]),
             "group_ids": jnp.zeros(4, jnp.int32), "token_kl": jnp.zeros((4, 2))}

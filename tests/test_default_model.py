@@ -38,6 +38,9 @@ def test_tokenizer_covers_env_prompts_and_chat_template():
     obs, _ = env.reset(seed=123)
     assert tokenizer.decode(tokenizer.encode(obs)) == obs
     assert len(tokenizer.encode(obs)) == len(obs)  # one token per grid cell / newline
+  # chat roles are whole tokens: they are in every step-wise sample
+  for role in ("system", "user", "assistant"):
+    assert len(tokenizer.encode(f"<|im_start|>{role}\n")) == 3, role
     turn = prompts.TURN_TEMPLATE.format(turn_idx=3, observation=obs, actions_left=7,
                                         max_response_length=8)
     assert tokenizer.decode(tokenizer.encode(turn)) == turn

@@ -31,9 +31,10 @@ def test_frozenlake_learns_and_holds(estimator, seed, tmp_path):
 @pytest.mark.slow
 def test_one_fixed_map_is_learned_in_minutes(tmp_path):
   """The loop's signal end to end, without the generalisation: on one map (start two
-  steps left of the goal, a hole below) the warm-started policy is ~20% successful;
-  GRPO must make greedy validation solve it within 6 minutes (it took 3 steps, 2.3 min,
-  when written) and raise the sampled success well above the start."""
+  steps left of the goal, a hole below) the warm-started policy samples ~20% successful
+  episodes; GRPO must raise the sampled success above 0.8 within 6 minutes (0.19 ->
+  0.95 in 9 steps, 3.3 min, with the step-wise config when written) and greedy
+  validation must solve the map."""
   config = frozenlake.get_config()
   config.custom_envs.FrozenLake.env_config.desc = ("FFFF", "FSFG", "FHFF", "FFFF")
   config.eval_steps, config.max_steps = 3, 100_000
@@ -41,5 +42,5 @@ def test_one_fixed_map_is_learned_in_minutes(tmp_path):
   config.logging_dir = str(tmp_path / "logs")
   config.render_save_dir = str(tmp_path / "render")
   curve = learning.learning_curve(config, 6.0)
-  assert curve[0][2] == 0.0 and max(v for _, _, v, _ in curve) == 1.0, curve
-  assert curve[-1][3] >= curve[0][3] + 0.3, curve
+  assert curve[0][3] <= 0.5 and max(t for _, _, _, t in curve) >= 0.8, curve
+  assert curve[-1][3] >= curve[0][3] + 0.3 and curve[-1][2] == 1.0, curve

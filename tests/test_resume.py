@@ -44,7 +44,7 @@ pytestmark = pytest.mark.timeout(900)  # the chain runs in the first test's setu
 
 MAX_STEPS = 3
 INIT_KL_COEF, TARGET_KL, KL_HORIZON = 0.1, 0.01, 100
-ROWS = int(next(f for f in SMALL if "rollout_batch_size" in f).split("=")[1])  # KL ctrl's n
+EPISODES = int(next(f for f in SMALL if "rollout_batch_size" in f).split("=")[1])  # KL ctrl n
 EXTRA = [
     f"--config.max_steps={MAX_STEPS}", "--config.save_steps=1",
     # an adaptive KL-in-reward controller, so kl_coef moves every step
@@ -312,7 +312,7 @@ def test_restore_is_bitwise_and_training_continues_the_curve(chain):
   assert b_first == saved_meta["step"]
   # the KL controller moves on from the restored coefficient
   kl = b_run["kl"][b_first]
-  expected = saved_meta["kl_coef"] * (1 + min(max(kl / TARGET_KL - 1, -0.2), 0.2) * ROWS / KL_HORIZON)
+  expected = saved_meta["kl_coef"] * (1 + min(max(kl / TARGET_KL - 1, -0.2), 0.2) * EPISODES / KL_HORIZON)
   np.testing.assert_allclose(b_run["kl_coef"][b_first], expected, rtol=1e-6)  # float32 log
   np.testing.assert_allclose(chain["raw2"][2]["kl_coef"], expected, rtol=1e-6)
   # the optimizer step, and with it the warmup schedule, goes on: 1 -> 2 -> 3

@@ -150,6 +150,14 @@ def test_env_that_raises_is_reset_counted_and_its_episode_rerun(policy_dir, serv
   assert len(set(keys)) == len(keys)
 
 
+def test_a_prompt_that_cannot_fit_fails_the_batch_with_the_config_key(policy_dir, server):
+  # Before: every episode ended at turn 1 with no sample, and training ran on empty
+  # batches. A first prompt that does not fit is a config error: get_batch raises it.
+  config = make_config(policy_dir, num_env_groups=2, group_size=2, tags=("FrozenLake",))
+  with pytest.raises(RuntimeError, match=r"FrozenLake.*max_prefill_length \(16\)"):
+    asyncio.run(collect_local(config, server, max_prompt_length=16))
+
+
 def test_step_wise_samples_carry_step_rewards_and_anchor_hashes(policy_dir, server):
   config = make_config(policy_dir, num_env_groups=2, group_size=2, env_manager_type="step",
                        history_length=2, tags=("Sokoban",))
@@ -293,7 +301,7 @@ def test_play_cli_human_and_bad_env():
        "--policy=human"], input=answers, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr
   out = result.stdout
-  assert "[prompt]" in out and "Walk P to G" in out and "[action] Right" in out
+  assert "[prompt]" in out and "Answer Left, Down" in out and "[action] Right" in out
   assert "[response] 'no idea'" in out and "[action] INVALID   [reward] -0.01" in out
   assert "===== score" in out
   bad = subprocess.run([sys.executable, "-m", "rollx.play", "--config=configs/frozenlake.py",

@@ -7,18 +7,28 @@ action), so a multi-turn trajectory is one decision sequence.
 
     ADVANTAGES[config.adv_estimator](inputs, config) -> (advantages_nt, returns_nt)
 
-`inputs` holds jnp arrays: response_mask, scores [N] (episode score or, step-wise,
+`inputs` holds arrays: response_mask, scores [N] (episode score or, step-wise,
 the step reward), group_ids [N], and per estimator: values (gae),
-episode_ids / step_index / anchor_ids / episode_scores (gigpo),
+episode_ids / step_index / anchor_ids / episode_scores (step-wise rows, gigpo),
 token_kl (the KL penalty per token, already scaled; 0 when off).
+
+Step-wise rows (one per env step, `episode_ids` shared by the rows of an episode)
+are, for gae / grpo / reinforce, one decision sequence again: the episode's
+response tokens in step order (`EpisodeView`), with the episode score on the
+last one. So these estimators give a step-wise batch exactly the advantages of
+the trajectory-wise sample of the same episode (history-free prompts change the
+policy's inputs, not the credit assignment). GiGPO is the estimator that uses
+the steps themselves (anchor states). The view is built on host, from concrete
+arrays: compute_advantages runs eagerly once per step.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Arrays = Dict[str, jax.Array]
 EPS = 1e-6
@@ -143,8 +153,75 @@ def _kl_to_go(inputs: Arrays, config) -> jax.Array:
   return to_go * mask
 
 
-ADVANTAGES: Dict[str, Callable] = {"gae": gae, "grpo": grpo, "reinforce": reinforce,
-                                   "gigpo": gigpo}
+class EpisodeView:
+  """Step-wise rows [N, T] <-> episodes [E, L]: each episode's response tokens,
+  rows in `step_index` order, tokens in position order (L = the longest episode)."""
+
+  def __init__(self, response_mask_nt, episode_ids_n, step_index_n):
+    mask = np.asarray(response_mask_nt) > 0
+    episodes, episode_of_row = np.unique(np.asarray(episode_ids_n), return_inverse=True)
+    order = np.lexsort((np.asarray(step_index_n), episode_of_row))  # by episode, then step
+    r, self.t = np.nonzero(mask[order])  # row-major: step order, then position
+    self.row = order[r]
+    self.e = episode_of_row[self.row]
+    counts = np.bincount(self.e, minlength=len(episodes))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    self.pos = np.arange(len(self.e)) - starts[self.e]
+    self.num_episodes, self.length = len(episodes), int(max(counts.max(initial=0), 1))
+    self.shape_nt = mask.shape
+    self.first_row = np.full(len(episodes), -1)
+    self.first_row[episode_of_row[::-1]] = np.arange(len(episode_of_row))[::-1]
+
+  def to_episodes(self, x_nt) -> jax.Array:
+    out = np.zeros((self.num_episodes, self.length), np.float32)
+    out[self.e, self.pos] = np.asarray(x_nt)[self.row, self.t]
+    return jnp.asarray(out)
+
+  def to_rows(self, x_el) -> jax.Array:
+    out = np.zeros(self.shape_nt, np.float32)
+    out[self.row, self.t] = np.asarray(x_el)[self.e, self.pos]
+    return jnp.asarray(out)
+
+  def per_episode(self, x_n) -> jax.Array:
+    """A per-row value that is constant within an episode (score, group, tag)."""
+    return jnp.asarray(np.asarray(x_n)[self.first_row])
+
+
+def episode_view(inputs: Arrays) -> Optional[EpisodeView]:
+  """The EpisodeView of step-wise inputs; None when every episode is a single row."""
+  if "episode_ids" not in inputs:
+    return None
+  episode_ids = np.asarray(inputs["episode_ids"])
+  if len(np.unique(episode_ids)) == len(episode_ids):
+    return None
+  return EpisodeView(inputs["response_mask"], episode_ids,
+                     inputs.get("step_index", np.zeros_like(episode_ids)))
+
+
+def _on_episodes(estimator: Callable) -> Callable:
+  """`estimator` on the episodes of step-wise inputs (unchanged on trajectory-wise ones)."""
+  def run(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
+    view = episode_view(inputs)
+    if view is None:
+      return estimator(inputs, config)
+    episodes = {"response_mask": view.to_episodes(inputs["response_mask"]),
+                "token_kl": view.to_episodes(inputs["token_kl"]),
+                "scores": view.per_episode(inputs["episode_scores"])}
+    # group / tag ids renumbered 0..E-1: the normalisers size their segments by rows
+    for key in ("group_ids", "tag_ids"):
+      if inputs.get(key) is not None:
+        episodes[key] = jnp.asarray(np.unique(np.asarray(view.per_episode(inputs[key])),
+                                              return_inverse=True)[1].astype(np.int32))
+    if "values" in inputs:
+      episodes["values"] = view.to_episodes(inputs["values"])
+    adv, returns = estimator(episodes, config)
+    return view.to_rows(adv), view.to_rows(returns)
+  run.__doc__ = estimator.__doc__
+  return run
+
+
+ADVANTAGES: Dict[str, Callable] = {"gae": _on_episodes(gae), "grpo": _on_episodes(grpo),
+                                   "reinforce": _on_episodes(reinforce), "gigpo": gigpo}
 
 
 def compute_advantages(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:

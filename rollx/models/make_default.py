@@ -65,6 +65,13 @@ def corpus():
   for action in ("Left", "Down", "Right", "Up"):
     for form in ("<answer>{}</answer>", "<answer> {} </answer>", "{}"):
       yield form.format(action) * 3
+  # The chat roles and the compact prompts are in every sample: whole-word tokens.
+  from rollx.rollout.prompts import COMPACT_PROMPTS
+  for _ in range(20):
+    for role in ("system", "user", "assistant"):
+      yield f"<|im_start|>{role}\n"
+    for prompt in COMPACT_PROMPTS.values():
+      yield prompt["system_prompt"] + "\n" + prompt["instructions"]
 
 
 def build_tokenizer():

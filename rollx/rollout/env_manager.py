@@ -28,6 +28,16 @@ import envs
 from rollx.rollout import prompts
 from rollx.rollout.types import Sample, Ticket, Trajectory
 
+
+
+class PromptTooLongError(ValueError):
+  """An episode's first prompt does not fit: every episode would end before the model
+  acts, so this is a config error, not an env error to retry."""
+
+
+# Errors no re-run of the episode can fix: the loop reports them and stops.
+FATAL_ERRORS = ("NoServerAliveError", "InvalidRequestError", "PromptTooLongError")
+
 GenerateFn = Callable[..., Awaitable[Any]]  # (request_id, prompt_ids, max_tokens, *, trajectory_id, mode)
 
 
@@ -62,8 +72,11 @@ class EnvManager:
       except asyncio.CancelledError:
         raise
       except Exception as e:  # noqa: BLE001 - env code is user code; never crash the loop
-        if type(e).__name__ in ("NoServerAliveError", "InvalidRequestError"):
-          raise  # not the env's fault: the rollout system itself is broken
+        if type(e).__name__ in FATAL_ERRORS:
+          # not the env's fault: the rollout system itself is broken or misconfigured
+          if hasattr(scheduler, "fail"):
+            await scheduler.fail(f"env {self.env_id} ({self.tag}): {type(e).__name__}: {e}")
+          raise
         self.num_env_errors += 1
         logging.warning("env %d (%s) raised on ticket %s: %r; resetting it", self.env_id,
                         self.tag, ticket, e)
@@ -96,6 +109,12 @@ class EnvManager:
         ids, mask, versions = [], [], []
       budget = min(self.max_tokens, self.sequence_length - len(ids) - len(prompt))
       if budget < 1 or len(ids) + len(prompt) > self.max_prompt_length:
+        if turn == 1:
+          raise PromptTooLongError(
+              f"the first prompt of env {self.tag!r} is {len(prompt)} tokens; it must fit "
+              f"actor_infer.strategy_args.max_prefill_length ({self.max_prompt_length}) and "
+              f"leave room for a response within min(sequence_length, "
+              f"actor_infer.strategy_args.max_cache_length) ({self.sequence_length})")
         finish = "length"
         break
       ids += prompt

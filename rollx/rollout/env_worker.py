@@ -46,6 +46,9 @@ class _SchedulerLink:
   async def report_error(self, ticket, error):
     await self.handle.report_error.remote(ticket, error)
 
+  async def fail(self, error):
+    await self.handle.fail.remote(error)
+
 
 def manager_kwargs(config: ml_collections.ConfigDict, manager: str) -> dict:
   m = config[manager]

@@ -30,9 +30,9 @@ COMPACT_TURN_TEMPLATE = "{observation}"
 # task and the answer format instead of ROLL's paragraph, which would be most of
 # every sequence's tokens on a 4x4 board.
 COMPACT_PROMPTS = {
+    # ~12 tokens: with history-free step-wise prompts this text is in every sample
     "FrozenLake": dict(system_prompt="FrozenLake.", turn_template=COMPACT_TURN_TEMPLATE,
-                       instructions="Walk P to G, avoid O. Answer <answer>Left</answer>, "
-                                    "Down, Right or Up."),
+                       instructions="Answer Left, Down, Right or Up."),
     "Sokoban": dict(system_prompt="Sokoban.", turn_template=COMPACT_TURN_TEMPLATE,
                     instructions="You are P. Push every box X onto a target O. Answer "
                                  "<answer>Up</answer>, Down, Left or Right."),

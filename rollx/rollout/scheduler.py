@@ -91,6 +91,7 @@ class RolloutScheduler:
     self._complete: Deque[GroupKey] = collections.deque()
     self._closed_keys: set = set()
     self._stopped = False
+    self._failure = ""  # set by `fail`: the rollout cannot go on (a config error)
     self._changed = asyncio.Condition()
     self.counters = collections.Counter()
 
@@ -148,6 +149,13 @@ class RolloutScheduler:
       self.counters["env_errors"] += 1
       self.counters[f"env_errors/{ticket.tag}"] += 1
 
+  async def fail(self, error: str) -> None:
+    """An env loop hit an error no retry can fix (its prompt does not fit, the servers
+    reject its requests): get_batch raises it rather than waiting forever."""
+    async with self._changed:
+      self._failure = self._failure or error
+      self._changed.notify_all()
+
   # -- trainer side ------------------------------------------------------------------
   def _groups_per_batch(self, batch_size: Optional[int] = None) -> int:
     batch_size = batch_size or self.num_groups * self.group_size
@@ -176,7 +184,9 @@ class RolloutScheduler:
         self._changed.notify_all()
       groups: List[GroupKey] = []
       while len(groups) < needed:
-        await self._changed.wait_for(lambda: self._complete or self._stopped)
+        await self._changed.wait_for(lambda: self._complete or self._stopped or self._failure)
+        if self._failure:
+          raise RuntimeError(f"rollout failed: {self._failure}")
         if self._stopped:
           raise RuntimeError("rollout scheduler stopped while a batch was being collected")
         key = self._complete.popleft()
