@@ -159,7 +159,8 @@ class EpisodeView:
 
   def __init__(self, response_mask_nt, episode_ids_n, step_index_n):
     mask = np.asarray(response_mask_nt) > 0
-    episodes, episode_of_row = np.unique(np.asarray(episode_ids_n), return_inverse=True)
+    episodes, self.first_row, episode_of_row = np.unique(
+        np.asarray(episode_ids_n), return_index=True, return_inverse=True)
     order = np.lexsort((np.asarray(step_index_n), episode_of_row))  # by episode, then step
     r, self.t = np.nonzero(mask[order])  # row-major: step order, then position
     self.row = order[r]
@@ -169,8 +170,6 @@ class EpisodeView:
     self.pos = np.arange(len(self.e)) - starts[self.e]
     self.num_episodes, self.length = len(episodes), int(max(counts.max(initial=0), 1))
     self.shape_nt = mask.shape
-    self.first_row = np.full(len(episodes), -1)
-    self.first_row[episode_of_row[::-1]] = np.arange(len(episode_of_row))[::-1]
 
   def to_episodes(self, x_nt) -> jax.Array:
     out = np.zeros((self.num_episodes, self.length), np.float32)

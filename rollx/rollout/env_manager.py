@@ -74,8 +74,7 @@ class EnvManager:
       except Exception as e:  # noqa: BLE001 - env code is user code; never crash the loop
         if type(e).__name__ in FATAL_ERRORS:
           # not the env's fault: the rollout system itself is broken or misconfigured
-          if hasattr(scheduler, "fail"):
-            await scheduler.fail(f"env {self.env_id} ({self.tag}): {type(e).__name__}: {e}")
+          await scheduler.fail(f"env {self.env_id} ({self.tag}): {type(e).__name__}: {e}")
           raise
         self.num_env_errors += 1
         logging.warning("env %d (%s) raised on ticket %s: %r; resetting it", self.env_id,
