@@ -31,15 +31,25 @@ QWEN_05B = llm.ModelConfig(vocab_size=151936, hidden_size=896, intermediate_size
                            rope_theta=1e6, tie_word_embeddings=True, qkv_bias=True)
 
 
-def matmul_peak(dtype, n=4096, iters=5):
-  a = jnp.ones((n, n), dtype)
+def matmul_peak(dtype, n=None, min_seconds=0.5, repeats=3):
+  """Best-of-`repeats` FLOP/s of a square matmul on random data, each timing at least
+  `min_seconds` long: a GPU finishes a 4096^3 product in ~0.2 ms, so a handful of
+  them times launch overhead and clock ramp-up, not the matmul units."""
+  n = n or (4096 if jax.default_backend() == "cpu" else 8192)
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
-  start = time.perf_counter()
-  for _ in range(iters):
-    out = f(a)
-  out.block_until_ready()
-  return 2 * n**3 * iters / (time.perf_counter() - start)
+  best = 0.0
+  for _ in range(repeats):
+    iters, start = 0, time.perf_counter()
+    while time.perf_counter() - start < min_seconds:
+      out = f(a)
+      iters += 1
+      if iters % 8 == 0:  # keep the timed loop from queueing far ahead of the device
+        out.block_until_ready()
+    out.block_until_ready()
+    best = max(best, 2 * n**3 * iters / (time.perf_counter() - start))
+  return best
 
 
 def loss_fn(model, params, batch, rng):

@@ -23,6 +23,7 @@ import ml_collections
 from ml_collections import config_dict
 
 import envs
+from rollx.rollout import prompts
 
 ADV_ESTIMATORS = ("gae", "grpo", "reinforce", "gigpo")
 DTYPES = ("bf16", "fp32", "fp16")
@@ -191,7 +192,7 @@ def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
               turn_template: str = "", instructions: str = "") -> ml_collections.ConfigDict:
   """A `custom_envs` entry: which env class, its config, the per-turn token cap, and
   the prompt text ('' = ROLL's system prompt / turn template, rollx.rollout.prompts;
-  the env's own `instructions`)."""
+  the env's own `instructions`; system_prompt='none': no system message)."""
   return _cd(env_type=env_type, env_config=_cd(**(env_config or {})),
              max_tokens_per_step=max_tokens_per_step, system_prompt=system_prompt,
              turn_template=turn_template, instructions=instructions)
@@ -399,6 +400,9 @@ def _custom_envs(c: _Checker, cfg):
     for key in ("system_prompt", "turn_template", "instructions"):
       if not isinstance(entry.get(key, ""), str):
         c.error(f"{path}.{key}", f"expected str, got {entry.get(key)!r}")
+    if entry.get("system_prompt") == prompts.NO_SYSTEM_PROMPT and entry.get("instructions"):
+      c.error(f"{path}.instructions", f"set, but system_prompt={prompts.NO_SYSTEM_PROMPT!r} "
+              "leaves out the system message that carries it")
     template = entry.get("turn_template", "")
     if isinstance(template, str) and template:
       try:

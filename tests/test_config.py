@@ -102,6 +102,8 @@ def test_type_and_unknown_key_errors(mutate, key, match):
      "custom_envs.FrozenLake.max_token_per_step", "unknown key"),
     (lambda c: setattr(c.custom_envs.FrozenLake, "turn_template", "Turn {turn}: {observation}"),
      "custom_envs.FrozenLake.turn_template", "cannot be filled"),
+    (lambda c: setattr(c.custom_envs.FrozenLake, "instructions", "Answer Left or Right."),
+     "custom_envs.FrozenLake.instructions", "leaves out the system message"),
     (lambda c: setattr(c.train_env_manager, "env_manager_type", "steps"),
      "train_env_manager.env_manager_type", "did you mean 'step'"),
     (lambda c: setattr(c.train_env_manager, "group_filter_ratio", 0.0),

@@ -91,3 +91,16 @@ def test_shipped_default_is_format_warm_started(rebuilt_without_warm_start):
   """The shipped weights answer in format; the same model before the warm start does not."""
   assert warm_start.format_rate(models.DEFAULT_MODEL_DIR) >= 0.95
   assert warm_start.format_rate(str(rebuilt_without_warm_start), num_prompts=8) == 0.0
+
+
+def test_frozenlake_compact_step_prompt_is_the_grid_alone():
+  """system_prompt='none': no system message; a step sample's prompt is 28 tokens."""
+  from rollx import config as rollx_config
+  tokenizer = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
+  entry = rollx_config.env_entry("FrozenLake", max_tokens_per_step=8,
+                                 **prompts.COMPACT_PROMPTS["FrozenLake"])
+  env = envs.make_env("FrozenLake", {})
+  obs, _ = env.reset(seed=5)
+  ids = prompts.builder_for(entry, env, tokenizer).step_prompt(obs, 1, 10, (), 0)
+  assert tokenizer.decode(ids) == f"<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
+  assert len(ids) == 28

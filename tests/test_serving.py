@@ -24,6 +24,10 @@ from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 from tests.conftest import ROOT
 from tests.ray_utils import start_local_ray
 
+# Greedy server decode vs. the single-row decode must agree token for token: full fp32
+# matmuls (a GPU's default TF32 flips near-ties between the batched and single paths).
+jax.config.update("jax_default_matmul_precision", "highest")
+
 CFG = llm.ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
 MODEL = llm.make_model(CFG)

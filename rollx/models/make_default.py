@@ -1,6 +1,6 @@
 """Builds the built-in default model directory `rollx/models/default/` (run once, shipped).
 
-    python -m rollx.models.make_default        # ~3 min on 2 CPU cores
+    python -m rollx.models.make_default        # ~15 min on 2 CPU cores
 
 1. A byte-level BPE tokenizer (the `tokenizers` library) trained on text the envs
    and prompt templates produce: system prompt, game instructions, rendered
@@ -8,8 +8,9 @@
    (no unknown token); words merge, grid symbols never do (one token per cell),
    and the answer tags are single tokens (`<answer>Right</answer>` is three tokens).
 2. A small Qwen2-architecture policy (~0.7M params, tied embeddings), initialised
-   from a fixed seed, then format-only warm started (`rollx.models.warm_start`:
-   random valid answers, no task signal), saved as an ordinary HF directory, so
+   from a fixed seed, then warm started on random-play transcripts
+   (`rollx.models.warm_start`: next-token prediction on observations and random
+   valid answers, no reward, no task signal), saved as an ordinary HF directory, so
    `pretrain` unset and `pretrain=/path/to/Qwen2.5-0.5B-Instruct` take the same
    code path.
 
@@ -35,7 +36,7 @@ ANSWER_TOKENS = ["<answer>", "</answer>"]
 # Small enough that RL on 2 CPU cores runs a step in seconds; deep enough to read a
 # grid and find the newest observation in a multi-turn context.
 HIDDEN, LAYERS = 128, 3
-WARM_START_STEPS = 100  # format-only SFT (rollx.models.warm_start)
+WARM_START_STEPS = 500  # random-play transcript pretraining (rollx.models.warm_start)
 GRID_SYMBOL = r"[^\sa-z](?![a-z])"
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -66,12 +67,13 @@ def corpus():
     for form in ("<answer>{}</answer>", "<answer> {} </answer>", "{}"):
       yield form.format(action) * 3
   # The chat roles and the compact prompts are in every sample: whole-word tokens.
-  from rollx.rollout.prompts import COMPACT_PROMPTS
+  from rollx.rollout.prompts import COMPACT_PROMPTS, NO_SYSTEM_PROMPT
   for _ in range(20):
     for role in ("system", "user", "assistant"):
       yield f"<|im_start|>{role}\n"
     for prompt in COMPACT_PROMPTS.values():
-      yield prompt["system_prompt"] + "\n" + prompt["instructions"]
+      if prompt["system_prompt"] != NO_SYSTEM_PROMPT:
+        yield prompt["system_prompt"] + "\n" + prompt.get("instructions", "")
 
 
 def build_tokenizer():

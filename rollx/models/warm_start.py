@@ -1,16 +1,23 @@
-"""Format-only warm start: teaches a model the answer format, and nothing about the task.
+"""Warm start: pretraining on random-play transcripts; format, and nothing about the task.
 
     python -m rollx.models.warm_start --model_dir=DIR [--steps=200]
 
 Real runs start RL from an instruct model that already answers in the requested
 format; a randomly initialised model never emits `<answer>Right</answer>` by chance,
 so RL from scratch would have no signal at all. This script stands in for
-instruction tuning, honestly: it runs real episodes of the envs through the same
-`EnvManager` loop and prompt templates the rollouts use, but every response is a
-uniformly random valid action (`env.sample_valid_response`), independent of the
-observation. The model learns the answer format, when to stop (EOS after the
-closing tag) and a uniform action distribution; any task skill it shows after RL
-was learned by RL.
+pretraining + instruction tuning, honestly: it runs real episodes of the envs through
+the same `EnvManager` loop and prompt templates the rollouts use, but every response
+is a uniformly random valid action (`env.sample_valid_response`), independent of the
+observation, and trains next-token prediction on the whole transcript:
+- on the observations (pretraining on env text): the model learns to read a board
+  (rows, columns, where P and G stand), as a pretrained LLM has read grids before.
+  Without it, RL must discover 2-D positions from a sparse reward through RoPE
+  attention alone: a probe with perfect action labels needed ~25k of them to leave
+  chance level from response-only warm start, ~13k after this pretraining;
+- on the responses: the answer format, when to stop (EOS after the closing tag) and
+  a uniform action distribution.
+No reward and no action that depends on the board is ever seen: any task skill the
+model shows after RL was learned by RL.
 
 `WARM_START_ENVS` lists the envs and templates the shipped default model is warm
 started on (those of configs/frozenlake.py and configs/sokoban.py).
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import List, Sequence, Tuple
+from typing import List, Sequence
 
 from absl import app, flags
 import jax
@@ -37,14 +44,19 @@ from rollx.rollout.types import Ticket, Trajectory, collate
 from rollx.trainer import packing
 
 SEQUENCE_LENGTH = 512
-# (tag, env entry): the prompts the default model must answer in format.
+# (tag, env entry, EnvManager options, share of the episodes): the prompts the default
+# model must read and answer in format, cut into samples the way its configs cut them
+# (configs/frozenlake.py: history-free step-wise; configs/sokoban.py: multi-turn).
+# FrozenLake gets most episodes: its step samples are ~30 tokens, Sokoban's
+# conversations ~400.
 WARM_START_ENVS = (
     ("FrozenLake", rollx_config.env_entry(
         "FrozenLake", env_config=dict(size=4, p=0.8, is_slippery=False, max_steps=10),
-        max_tokens_per_step=8, **prompts.COMPACT_PROMPTS["FrozenLake"])),
+        max_tokens_per_step=8, **prompts.COMPACT_PROMPTS["FrozenLake"]),
+     dict(step_wise=True, history_length=0), 0.75),
     ("SimpleSokoban", rollx_config.env_entry(
         "Sokoban", env_config=dict(dim_room=(6, 6), num_boxes=1, search_depth=30, max_steps=10),
-        max_tokens_per_step=8, **prompts.COMPACT_PROMPTS["Sokoban"])),
+        max_tokens_per_step=8, **prompts.COMPACT_PROMPTS["Sokoban"]), {}, 0.25),
 )
 
 
@@ -55,12 +67,12 @@ class _Generated:
   policy_version: int = -1
 
 
-def random_valid_episodes(tokenizer, entries: Sequence[Tuple[str, dict]], num_episodes: int,
+def random_valid_episodes(tokenizer, entries: Sequence[tuple], num_episodes: int,
                           seed: int, sequence_length: int = SEQUENCE_LENGTH) -> List[Trajectory]:
   """Episodes of the real env loop whose every answer is a random valid action."""
   rng = np.random.default_rng(seed)
   trajectories = []
-  for k, (tag, entry) in enumerate(entries):
+  for k, (tag, entry, manager_args, share) in enumerate(entries):
     sampler = envs.make_env(entry["env_type"], dict(entry["env_config"]))
 
     async def generate(request_id, prompt_ids, max_tokens, sampler=sampler, **_):
@@ -68,17 +80,20 @@ def random_valid_episodes(tokenizer, entries: Sequence[Tuple[str, dict]], num_ep
       ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
       return _Generated(ids[:max_tokens], [-1] * min(len(ids), max_tokens))
 
-    manager = EnvManager(k, tag, entry, tokenizer, generate, sequence_length=sequence_length)
-    for i in range(num_episodes // len(entries)):
+    manager = EnvManager(k, tag, entry, tokenizer, generate, sequence_length=sequence_length,
+                         **manager_args)
+    for i in range(round(num_episodes * share)):
       ticket = Ticket(env_id=k, tag=tag, group_id=i, generation=0,
                       seed=int(rng.integers(2**31)))
       trajectories.append(asyncio.run(manager.run_episode(ticket)))
   return trajectories
 
 
-def _sft_loss(model, params, batch, rng):
+def _lm_loss(model, params, batch, rng):
+  """Next-token loss on every token of the transcript (observations and answers);
+  log-probs are 0 where nothing is predicted (a segment's first token, padding)."""
   logp, _ = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"])
-  mask = batch["response_mask"]
+  mask = batch["loss_mask"]
   nll = -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
   return nll, {"nll": nll}
 
@@ -96,15 +111,17 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
   worker.strategy_args.update(dp_size=1)
   worker.model_args.disable_gradient_checkpointing = True  # small model: memory is no issue
   mesh = mesh_lib.make_mesh(worker.strategy_args, None, "warm_start")
-  trainer = Trainer(loaded.config, worker, mesh, _sft_loss, steps)
+  trainer = Trainer(loaded.config, worker, mesh, _lm_loss, steps)
   state = trainer.init_state(jax.device_get(loaded.params))
   # Packed rows (rollx.trainer.packing): random episodes are short, padding would
   # be most of the compute.
   episodes = random_valid_episodes(tokenizer, entries, steps * batch_size, seed)
   samples = collate(episodes, SEQUENCE_LENGTH)
   plan = packing.plan(samples.segment_ids.sum(axis=1), SEQUENCE_LENGTH, batch_size)
+  predicted = samples.segment_ids.astype(np.float32)
+  predicted[:, 0] = 0.0  # each sample's first token has no prediction
   data = {"input_ids": plan.pack(samples.input_ids), "segment_ids": plan.segment_ids(),
-          "response_mask": plan.pack(samples.response_mask)}
+          "loss_mask": plan.pack(predicted)}
   order = np.random.default_rng(seed).permutation(plan.num_rows)
   rng = jax.random.PRNGKey(seed)
   metrics = {}
@@ -130,7 +147,7 @@ def format_rate(model_dir: str, entries=WARM_START_ENVS, num_prompts: int = 32,
   tokenizer = hf.load_tokenizer(model_dir)
   rng = jax.random.PRNGKey(seed)
   valid = total = 0
-  for tag, entry in entries:
+  for tag, entry, _, _ in entries:
     env = envs.make_env(entry["env_type"], dict(entry["env_config"]))
     builder = prompts.builder_for(entry, env, tokenizer)
     for i in range(num_prompts):

@@ -29,10 +29,14 @@ COMPACT_TURN_TEMPLATE = "{observation}"
 # Short prompts for the small default model (custom_envs entry fields): a few words of
 # task and the answer format instead of ROLL's paragraph, which would be most of
 # every sequence's tokens on a 4x4 board.
+# `system_prompt=NO_SYSTEM_PROMPT` leaves the system message (and the instructions it
+# carries) out: for a model that has never read English (the default, warm started on
+# format only) the words carry no information, and with history-free step-wise
+# prompts they would be ~40% of every sample's tokens.
+NO_SYSTEM_PROMPT = "none"
 COMPACT_PROMPTS = {
-    # ~12 tokens: with history-free step-wise prompts this text is in every sample
-    "FrozenLake": dict(system_prompt="FrozenLake.", turn_template=COMPACT_TURN_TEMPLATE,
-                       instructions="Answer Left, Down, Right or Up."),
+    # the grid alone: 28 prompt tokens (chat markers + 4 rows of 4 cells + newlines)
+    "FrozenLake": dict(system_prompt=NO_SYSTEM_PROMPT, turn_template=COMPACT_TURN_TEMPLATE),
     "Sokoban": dict(system_prompt="Sokoban.", turn_template=COMPACT_TURN_TEMPLATE,
                     instructions="You are P. Push every box X onto a target O. Answer "
                                  "<answer>Up</answer>, Down, Left or Right."),
@@ -59,7 +63,10 @@ class PromptBuilder:
   def __init__(self, tokenizer, instructions: str, system_prompt: str = SYSTEM_PROMPT,
                turn_template: str = TURN_TEMPLATE, max_response_length: int = 64):
     self.tokenizer = tokenizer
-    self.system = f"{system_prompt}\n{instructions}" if instructions else system_prompt
+    if system_prompt == NO_SYSTEM_PROMPT:
+      self.system = None
+    else:
+      self.system = f"{system_prompt}\n{instructions}" if instructions else system_prompt
     self.turn_template = turn_template
     self.max_response_length = max_response_length
     self.eos_id = tokenizer.eos_token_id
@@ -109,5 +116,5 @@ class PromptBuilder:
     recent = list(history)[-history_length:] if history_length > 0 else []
     text = "".join(HISTORY_TEMPLATE.format(**h) for h in recent)
     user = text + self.turn_text(observation, turn_idx, actions_left)
-    return self.encode(self._render([{"role": "system", "content": self.system},
-                                     {"role": "user", "content": user}]))
+    system = [] if self.system is None else [{"role": "system", "content": self.system}]
+    return self.encode(self._render(system + [{"role": "user", "content": user}]))
