@@ -12,8 +12,9 @@ observation, and trains next-token prediction on the whole transcript:
 - on the observations (pretraining on env text): the model learns to read a board
   (rows, columns, where P and G stand), as a pretrained LLM has read grids before.
   Without it, RL must discover 2-D positions from a sparse reward through RoPE
-  attention alone: a probe with perfect action labels needed ~25k of them to leave
-  chance level from response-only warm start, ~13k after this pretraining;
+  attention alone: in a throwaway probe (supervised BFS-optimal moves, same model)
+  the answers-only warm start was still at chance (0.35) after 12.8k labels and at
+  0.74 after 25.6k; after next-token pretraining on observations, 0.77 after 12.8k;
 - on the responses: the answer format, when to stop (EOS after the closing tag) and
   a uniform action distribution.
 No reward and no action that depends on the board is ever seen: any task skill the
