@@ -66,7 +66,7 @@ def get_config():
   # smaller minibatches run faster per token, and rows are padded to a multiple of it
   config.actor_train.training_args.per_device_train_batch_size = 64
   config.actor_train.model_args.disable_gradient_checkpointing = True  # 0.7M params: no remat
-  # history-free prompts (28 tokens) + an 8-token answer: small prefill bucket and cache
+  # history-free prompts (27 tokens) + an 8-token answer: small prefill bucket and cache
   config.actor_infer.strategy_args.max_prefill_length = 32
   config.actor_infer.strategy_args.max_cache_length = 64
   # Only with --config.adv_estimator=gae: a critic (value head on a copy of the policy),

@@ -94,7 +94,7 @@ def test_shipped_default_is_format_warm_started(rebuilt_without_warm_start):
 
 
 def test_frozenlake_compact_step_prompt_is_the_grid_alone():
-  """system_prompt='none': no system message; a step sample's prompt is 28 tokens."""
+  """system_prompt='none': no system message; a step sample's prompt is 27 tokens."""
   from rollx import config as rollx_config
   tokenizer = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
   entry = rollx_config.env_entry("FrozenLake", max_tokens_per_step=8,
@@ -103,4 +103,4 @@ def test_frozenlake_compact_step_prompt_is_the_grid_alone():
   obs, _ = env.reset(seed=5)
   ids = prompts.builder_for(entry, env, tokenizer).step_prompt(obs, 1, 10, (), 0)
   assert tokenizer.decode(ids) == f"<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
-  assert len(ids) == 28
+  assert len(ids) == 27

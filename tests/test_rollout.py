@@ -301,7 +301,7 @@ def test_play_cli_human_and_bad_env():
        "--policy=human"], input=answers, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr
   out = result.stdout
-  assert "[prompt]" in out and "Answer Left, Down" in out and "[action] Right" in out
+  assert "[prompt]\n<|im_start|>user\n" in out and "[action] Right" in out  # grid alone
   assert "[response] 'no idea'" in out and "[action] INVALID   [reward] -0.01" in out
   assert "===== score" in out
   bad = subprocess.run([sys.executable, "-m", "rollx.play", "--config=configs/frozenlake.py",
