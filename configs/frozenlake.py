@@ -6,8 +6,9 @@ Hardware:  one CPU host (2 cores is enough); no accelerator needed.
 Runtime:   ~7-9 s per step on 2 CPU cores (plus validation every 5 steps); see the
            README results table.
 Expected:  seed 1: greedy validation success on unseen maps 0.125 -> 0.5 at 10.5 min,
-           0.625 at 15.4 min (0.5 at 16 min). The issue's target (>= 0.8 within 20 min,
-           3 seeds) is NOT reached yet: see the README "Learning" section.
+           0.625 at 15.4 min (0.5 at 16 min); seed 2: flat (<= 0.25) for 30 min. The
+           issue's target (>= 0.8 within 20 min, 3 seeds) is NOT reached yet: see the
+           README "Learning" section.
 
 Start: the default model (rollx/models/default) is a 0.67M-parameter policy warm
 started on random-play transcripts (next-token prediction on observations and random
@@ -15,7 +16,7 @@ valid answers; no reward, no task signal): it reads boards, answers in format an
 walks at random.
 
 Samples: every env step is one sample whose prompt is the current grid alone
-(`env_manager_type="step"`, `history_length=0`): ~50 tokens, where a multi-turn
+(`env_manager_type="step"`, `history_length=0`): ~31 tokens, where a multi-turn
 conversation of the same episode is up to ~400. GRPO credits every step of an
 episode with the episode's group-normalised score (rollx.algos.advantages: step
 rows are one decision sequence again), so this is StarPO's trajectory-level credit
