@@ -17,8 +17,11 @@ observation, and trains next-token prediction on the whole transcript:
   0.74 after 25.6k; after next-token pretraining on observations, 0.77 after 12.8k;
 - on the responses: the answer format, when to stop (EOS after the closing tag) and
   a uniform action distribution.
-No reward and no action that depends on the board is ever seen: any task skill the
-model shows after RL was learned by RL.
+In multi-turn transcripts (Sokoban) the next observation follows the action, so the
+model also sees how a move changes the board (the rules, as any text about the game
+shows them); FrozenLake's step-wise samples are single boards. No reward and no
+action that depends on the board is ever seen: any task skill the model shows after
+RL was learned by RL.
 
 `WARM_START_ENVS` lists the envs and templates the shipped default model is warm
 started on (those of configs/frozenlake.py and configs/sokoban.py).

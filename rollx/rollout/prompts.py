@@ -31,7 +31,7 @@ COMPACT_TURN_TEMPLATE = "{observation}"
 # every sequence's tokens on a 4x4 board.
 # `system_prompt=NO_SYSTEM_PROMPT` leaves the system message (and the instructions it
 # carries) out: for a model that has never read English (the default, warm started on
-# format only) the words carry no information, and with history-free step-wise
+# env transcripts only) the words carry no information, and with history-free step-wise
 # prompts they would be ~40% of every sample's tokens.
 NO_SYSTEM_PROMPT = "none"
 COMPACT_PROMPTS = {
