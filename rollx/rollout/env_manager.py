@@ -29,7 +29,6 @@ from rollx.rollout import prompts
 from rollx.rollout.types import Sample, Ticket, Trajectory
 
 
-
 class PromptTooLongError(ValueError):
   """An episode's first prompt does not fit: every episode would end before the model
   acts, so this is a config error, not an env error to retry."""
