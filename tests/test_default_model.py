@@ -87,6 +87,20 @@ def test_warm_start_data_carry_no_task_signal():
   assert response[-1] == tokenizer.eos_token_id
 
 
+def test_warm_start_frozenlake_conversations_show_the_board_after_each_move():
+  """Multi-turn FrozenLake transcripts: one sample per episode, a board per turn."""
+  tokenizer = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
+  entries = [e for e in warm_start.WARM_START_ENVS if e[0] == "FrozenLakeMultiTurn"]
+  episodes = warm_start.random_valid_episodes(tokenizer, entries, 100, seed=0)
+  longer = [e for e in episodes if e.num_turns > 1]
+  assert longer, "random play on 4x4 maps should survive a first move now and then"
+  for episode in longer:
+    assert len(episode.samples) == 1
+    text = tokenizer.decode(episode.samples[0].input_ids)
+    assert text.count("<|im_start|>user") == episode.num_turns
+    assert text.count("<answer>") == episode.num_turns
+
+
 def test_shipped_default_is_format_warm_started(rebuilt_without_warm_start):
   """The shipped weights answer in format; the same model before the warm start does not."""
   assert warm_start.format_rate(models.DEFAULT_MODEL_DIR) >= 0.95

@@ -243,6 +243,9 @@ def test_async_mode_overlaps_training_and_respects_staleness(policy_dir, server,
       versions = batch.policy_versions
       assert len(batch) == 8 and versions.min() >= version - 1, (version, versions)
       assert metrics["rollout/staleness_max"] <= 1
+      # the loops ran ahead by at most one batch: nothing was generated to be thrown away
+      assert metrics.get("rollout/dropped_stale_groups", 0) == 0
+      assert metrics["rollout/trajectories"] == 8 * (version + 1)
   finally:
     rollout.stop()
     server.update_params(params, 0)

@@ -11,10 +11,16 @@ arrived (with redundancy, the first ones; later ones are dropped and counted).
 Sync (`async_generation_ratio` = 0): `get_batch` opens a round: each env gets
 the tickets the batch needs, then the loops wait (no tickets) until the next
 `get_batch`; weights are synced in between, so a batch is on-policy.
-Async (k > 0): tickets flow all the time, the loops keep running while the
-trainer trains; a group whose oldest trajectory was generated with a policy
-older than `version - k` is dropped at batching time (`set_version` is called by
-the trainer after each weight sync).
+Async (k > 0): the loops keep running while the trainer trains, but only on
+ceil(k x groups per batch) groups at a time: what is open when a `get_batch`
+returns is consumed within the next k batches, so it is at most k versions stale
+when it is used. A loop whose group's current generation is open always goes on
+(the group must complete); a new generation opens only below that bound, and
+during a `get_batch` only while the open groups cannot cover the groups it still
+needs (otherwise a new group could complete first, be taken, and leave an old
+one to go stale). A group whose oldest trajectory is older than `version - k`
+anyway (versions skipped) is dropped at batching time and counted
+(`set_version` is called by the trainer after each weight sync).
 
 Faults: a ticket stays outstanding until its trajectory arrives. An env that
 raises reports the ticket and gets the same ticket again (the episode is re-run
@@ -90,6 +96,9 @@ class RolloutScheduler:
     self._arrived: Dict[GroupKey, List[Trajectory]] = collections.defaultdict(list)
     self._complete: Deque[GroupKey] = collections.deque()
     self._closed_keys: set = set()
+    self._open_keys: set = set()  # generations started and not yet taken (async bound)
+    self._batch_groups = self.num_groups  # groups the trainer's last get_batch needed
+    self._pending: Optional[int] = None  # groups a running get_batch still needs
     self._stopped = False
     self._failure = ""  # set by `fail`: the rollout cannot go on (a config error)
     self._changed = asyncio.Condition()
@@ -105,10 +114,17 @@ class RolloutScheduler:
                   level_seed(self.base_seed, self.stream, slot.tag, slot.group_id, n),
                   self._ticket_ids)
 
+  def _next_key(self, env_id: int) -> GroupKey:
+    return self.slots[env_id].group_id, self._next_generation[env_id]
+
   def _may_start(self, env_id: int) -> bool:
-    if self.async_ratio > 0:
-      # Bound the lead of the loops over the trainer: at most k + 1 batches ahead.
-      return len(self._complete) < (self.async_ratio + 1) * self._groups_per_batch()
+    if self.async_ratio > 0:  # the bound of the module docstring
+      key = self._next_key(env_id)
+      if key in self._open_keys or key in self._closed_keys:
+        return True
+      if self._pending is not None:
+        return len(self._open_keys) < self._pending
+      return len(self._open_keys) < math.ceil(self.async_ratio * self._batch_groups)
     return self._collecting and self._quota.get(env_id, 0) > 0
 
   async def next_ticket(self, env_id: int) -> Optional[Ticket]:
@@ -124,6 +140,8 @@ class RolloutScheduler:
       if self.async_ratio == 0:
         self._quota[env_id] -= 1
       ticket = self._outstanding[env_id] = self._new_ticket(env_id)
+      if (ticket.group_id, ticket.generation) not in self._closed_keys:
+        self._open_keys.add((ticket.group_id, ticket.generation))
       return ticket
 
   async def put(self, trajectory: Trajectory) -> None:
@@ -176,6 +194,7 @@ class RolloutScheduler:
     wanted = batch_size // self.group_size
     needed = math.ceil(wanted / self.filter_ratio) if self.filter_ratio < 1 else wanted
     async with self._changed:
+      self._batch_groups = needed
       if self.async_ratio == 0:
         # One round: every env plays the episodes this batch needs, then waits.
         rounds = math.ceil(needed / self.num_groups)
@@ -183,6 +202,8 @@ class RolloutScheduler:
         self._collecting = True
         self._changed.notify_all()
       groups: List[GroupKey] = []
+      self._pending = needed
+      self._changed.notify_all()
       while len(groups) < needed:
         await self._changed.wait_for(lambda: self._complete or self._stopped or self._failure)
         if self._failure:
@@ -190,12 +211,16 @@ class RolloutScheduler:
         if self._stopped:
           raise RuntimeError("rollout scheduler stopped while a batch was being collected")
         key = self._complete.popleft()
+        self._open_keys.discard(key)
         if self._fresh(key):
           groups.append(key)
         else:
           self.counters["dropped_stale_groups"] += 1
           self._arrived.pop(key)
+        self._pending = needed - len(groups)
         self._changed.notify_all()  # async: room for more tickets
+      self._pending = None
+      self._changed.notify_all()  # async: the lead may build up again
       if self.async_ratio == 0:
         self._collecting = False
         self._quota = {}
