@@ -5,15 +5,16 @@ Command:   python -m rollx.train --config=configs/frozenlake.py
 Hardware:  one CPU host (2 cores is enough); no accelerator needed.
 Runtime:   ~7-9 s per step on 2 CPU cores (plus validation every 5 steps); see the
            README results table.
-Expected:  seed 1: greedy validation success on unseen maps 0.125 -> 0.5 at 10.5 min,
-           0.625 at 15.4 min (0.5 at 16 min); seed 2: flat (<= 0.25) for 30 min. The
-           issue's target (>= 0.8 within 20 min, 3 seeds) is NOT reached yet: see the
-           README "Learning" section.
+Expected:  shipped default model, seed 2: greedy validation success on unseen maps
+           0.09 -> 0.50 at 10 min, 0.69 at 20 min; seed 1: 0.03 -> 0.44 at ~9.5 min,
+           then unlearned (0.31 at 20 min). The issue's target (>= 0.8 within 20 min,
+           3 seeds) is NOT reached yet: see the README "Learning" section.
 
 Start: the default model (rollx/models/default) is a 0.67M-parameter policy warm
 started on random-play transcripts (next-token prediction on observations and random
-valid answers; no reward, no task signal): it reads boards, answers in format and
-walks at random.
+valid answers, FrozenLake also as whole conversations; no reward, no task signal):
+it reads boards, has seen how moves change them, answers in format and walks at
+random.
 
 Samples: every env step is one sample whose prompt is the current grid alone
 (`env_manager_type="step"`, `history_length=0`): ~31 tokens, where a multi-turn

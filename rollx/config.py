@@ -139,7 +139,7 @@ def default_config() -> ml_collections.ConfigDict:
       rollout_batch_size=64,  # trajectories per training step (a multiple of group_size)
       val_batch_size=16,  # trajectories per validation
       sequence_length=1024,  # max tokens of one sample (prompt + all turns)
-      async_generation_ratio=0.0,  # k > 0: async rollout, samples at most k versions stale
+      async_generation_ratio=0.0,  # k > 0: async, k batches ahead, <= ceil(k) versions stale
       # -- algorithm -----------------------------------------------------------
       adv_estimator="grpo",  # gae | grpo | reinforce | gigpo
       ppo_epochs=1,

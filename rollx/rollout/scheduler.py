@@ -13,12 +13,12 @@ the tickets the batch needs, then the loops wait (no tickets) until the next
 `get_batch`; weights are synced in between, so a batch is on-policy.
 Async (k > 0): the loops keep running while the trainer trains, but only on
 ceil(k x groups per batch) groups at a time: what is open when a `get_batch`
-returns is consumed within the next k batches, so it is at most k versions stale
-when it is used. A loop whose group's current generation is open always goes on
+returns is consumed within the next ceil(k) batches, so it is at most ceil(k)
+versions stale when it is used. A loop whose group's current generation is open always goes on
 (the group must complete); a new generation opens only below that bound, and
 during a `get_batch` only while the open groups cannot cover the groups it still
 needs (otherwise a new group could complete first, be taken, and leave an old
-one to go stale). A group whose oldest trajectory is older than `version - k`
+one to go stale). A group whose oldest trajectory is older than `version - ceil(k)`
 anyway (versions skipped) is dropped at batching time and counted
 (`set_version` is called by the trainer after each weight sync).
 
@@ -185,7 +185,8 @@ class RolloutScheduler:
 
   def _fresh(self, key: GroupKey) -> bool:
     oldest = min(t.start_version for t in self._arrived[key])
-    return oldest < 0 or self.version - oldest <= self.async_ratio
+    # a fractional k leads by part of a batch: still one version stale when used
+    return oldest < 0 or self.version - oldest <= math.ceil(self.async_ratio)
 
   async def get_batch(self, batch_size: int) -> Tuple[RolloutBatch, Dict[str, float]]:
     """Blocks until `batch_size` trajectories in complete groups exist; returns them."""
