@@ -57,8 +57,8 @@ _FROZENLAKE = rollx_config.env_entry(
 # FrozenLake also as whole conversations: there the next board follows each random
 # move, so the model reads how a move changes a board (the rules, as text about the
 # game shows them; a history-free step sample is a lone board). With them, RL on
-# random maps took off after ~7-8k episodes instead of ~20k (2 seeds each, GPU
-# simulator of the step-wise GRPO loop; README "Learning").
+# random maps took off after ~7-8k episodes instead of ~17-21k (2 seeds each, GPU
+# simulator of the step-wise GRPO loop; 8-19k on a second build; README "Learning").
 WARM_START_ENVS = (
     ("FrozenLake", _FROZENLAKE, dict(step_wise=True, history_length=0), 0.45),
     ("FrozenLakeMultiTurn", _FROZENLAKE, {}, 0.30),
