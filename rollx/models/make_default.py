@@ -1,6 +1,6 @@
 """Builds the built-in default model directory `rollx/models/default/` (run once, shipped).
 
-    python -m rollx.models.make_default        # ~13 min on 2 CPU cores
+    python -m rollx.models.make_default        # ~12 min on 2 CPU cores
 
 1. A byte-level BPE tokenizer (the `tokenizers` library) trained on text the envs
    and prompt templates produce: system prompt, game instructions, rendered

@@ -114,12 +114,9 @@ class RolloutScheduler:
                   level_seed(self.base_seed, self.stream, slot.tag, slot.group_id, n),
                   self._ticket_ids)
 
-  def _next_key(self, env_id: int) -> GroupKey:
-    return self.slots[env_id].group_id, self._next_generation[env_id]
-
   def _may_start(self, env_id: int) -> bool:
     if self.async_ratio > 0:  # the bound of the module docstring
-      key = self._next_key(env_id)
+      key = (self.slots[env_id].group_id, self._next_generation[env_id])
       if key in self._open_keys or key in self._closed_keys:
         return True
       if self._pending is not None:
@@ -175,10 +172,6 @@ class RolloutScheduler:
       self._changed.notify_all()
 
   # -- trainer side ------------------------------------------------------------------
-  def _groups_per_batch(self, batch_size: Optional[int] = None) -> int:
-    batch_size = batch_size or self.num_groups * self.group_size
-    return max(1, batch_size // self.group_size)
-
   def set_version(self, version: int) -> None:
     """The policy version the servers now hold (after a weight sync)."""
     self.version = int(version)
