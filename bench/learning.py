@@ -1,7 +1,8 @@
 """Learning curve: validation success against wall time, one training run.
 
     python bench/learning.py --config=configs/frozenlake.py --minutes=30 --seed=1
-    python bench/learning.py --config=configs/frozenlake.py --config.adv_estimator=gae ...
+    python bench/learning.py --config=configs/frozenlake.py --config.adv_estimator=gae \
+        --config.drop_zero_advantage_samples=False ...
 
 Runs the real pipeline (Ray env workers, JetStream server, sharded train step)
 for a wall-clock budget, counting from before the pipeline is built (startup

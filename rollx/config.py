@@ -156,6 +156,10 @@ def default_config() -> ml_collections.ConfigDict:
       use_kl_loss=False,  # KL as a loss term instead of a reward penalty
       kl_loss_coef=0.0,
       whiten_advantages=False,
+      # The actor trains only on samples whose advantage is non-zero (grpo / gigpo /
+      # reinforce: a group whose episodes all scored alike carries no policy gradient);
+      # their log-prob and train compute is saved, whitening runs over the samples kept.
+      drop_zero_advantage_samples=False,
       advantage_clip=config_dict.placeholder(float),  # |A| clip; None = off
       entropy_loss_coef=0.0,
       critic_warmup=0,  # steps of critic-only training before the actor trains
@@ -309,6 +313,15 @@ def _ranges(c: _Checker, cfg):
     if isinstance(cfg[key], float):
       c.rule(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
   c.choice(cfg, "adv_estimator", "adv_estimator", ADV_ESTIMATORS)
+  if cfg.drop_zero_advantage_samples is True:
+    # the samples are chosen before log-probs and values exist (that is the saving)
+    c.rule(cfg.adv_estimator != "gae", "drop_zero_advantage_samples",
+           "needs advantages without a critic (gae has no exactly-zero advantages): "
+           "set it to False with adv_estimator='gae'")
+    c.rule(not (isinstance(cfg.init_kl_coef, float) and cfg.init_kl_coef > 0
+                and not cfg.use_kl_loss), "drop_zero_advantage_samples",
+           "cannot be combined with a KL penalty in the reward (init_kl_coef > 0 without "
+           "use_kl_loss): that penalty makes every advantage non-zero")
   c.choice(cfg, "loss_agg_mode", "loss_agg_mode", LOSS_AGG_MODES)
   if isinstance(cfg.reward_normalization, (ml_collections.ConfigDict, dict)):
     c.choice(cfg.reward_normalization, "grouping", "reward_normalization.grouping",

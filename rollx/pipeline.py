@@ -4,11 +4,13 @@
     2. validation rollout every eval_steps (greedy, unseen levels), frames saved
     3. train rollout: scheduler.get_batch(rollout_batch_size) -> whole groups
     4. old log-probs (actor_train), reference log-probs (KL on), values (gae)
-    5. KL penalty, advantages by adv_estimator
+    5. KL penalty, advantages by adv_estimator (with drop_zero_advantage_samples:
+       before 4, and only the samples with a policy gradient go on)
     6. critic update (gae); actor update once step >= critic_warmup: ppo_epochs over
-       shuffled minibatches of per_device_train_batch_size x gradient_accumulation_steps
-       x data shards rows (packed rows of sequence_length tokens: several samples each
-       under token-mean aggregation, rollx.trainer.packing)
+       shuffled minibatches of at most per_device_train_batch_size x
+       gradient_accumulation_steps x data shards rows, the step's rows split evenly
+       (packed rows of sequence_length tokens: several samples each under token-mean
+       aggregation, rollx.trainer.packing)
     7. metrics (TensorBoard + console), transcripts every logging_steps, checkpoint
        every save_steps and at the end; the final policy exported as an HF directory.
 
@@ -87,6 +89,10 @@ class AgenticPipeline:
     shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     self.minibatch = (at.training_args.per_device_train_batch_size
                       * at.training_args.gradient_accumulation_steps * shards)
+    # Minibatches are equal splits of a step's rows in units of `granule` rows (a quarter
+    # minibatch where it divides evenly): little padding, few compiled shapes.
+    per_device = at.training_args.per_device_train_batch_size
+    self.granule = self.minibatch // 4 if per_device % 4 == 0 else self.minibatch
     updates = c.max_steps * c.ppo_epochs * max(1, c.rollout_batch_size // self.minibatch)
     self.actor = Trainer(policy.config, at, self.mesh, functools.partial(_actor_loss, c), updates)
     host_params = jax.device_get(policy.params)  # init_state donates what it is given
@@ -156,11 +162,11 @@ class AgenticPipeline:
     logging.info("resumed from %s step %d", directory, self.step)
 
   # -- one step ------------------------------------------------------------------------
-  def _chunked(self, fn, params, arrays) -> np.ndarray:
-    """fn over fixed-size row chunks (one compilation), concatenated on host."""
+  def _chunked(self, fn, params, arrays, rows: int) -> np.ndarray:
+    """fn over `rows`-row chunks (one compilation per chunk size), concatenated on host."""
     outs = []
-    for i in range(0, len(arrays["input_ids"]), self.minibatch):
-      chunk = {k: jnp.asarray(v[i:i + self.minibatch]) for k, v in arrays.items()}
+    for i in range(0, len(arrays["input_ids"]), rows):
+      chunk = {k: jnp.asarray(v[i:i + rows]) for k, v in arrays.items()}
       out = fn(params, chunk)
       outs.append(distributed.to_host(out[0] if isinstance(out, tuple) else out))
     return np.concatenate(outs)
@@ -202,15 +208,14 @@ class AgenticPipeline:
     adv, returns = adv_lib.compute_advantages(inputs, c)
     return np.asarray(adv), np.asarray(returns)
 
-  def _update(self, trainer: Trainer, state, arrays: Dict[str, np.ndarray], keys):
+  def _update(self, trainer: Trainer, state, arrays: Dict[str, np.ndarray], keys, rows: int):
     n = len(arrays["input_ids"])
     metrics = []
     for _ in range(self.config.ppo_epochs):
       self.rng, key = jax.random.split(self.rng)
       order = np.asarray(jax.random.permutation(key, n))
-      for i in range(0, n, self.minibatch):
-        rows = order[i:i + self.minibatch]
-        mb = trainer.batch_sharding({k: jnp.asarray(arrays[k][rows]) for k in keys})
+      for i in range(0, n, rows):
+        mb = trainer.batch_sharding({k: jnp.asarray(arrays[k][order[i:i + rows]]) for k in keys})
         self.rng, key = jax.random.split(self.rng)
         state, m = trainer.update(state, mb, key)
         metrics.append(jax.device_get(m))
@@ -229,48 +234,71 @@ class AgenticPipeline:
     batch, rollout_metrics = self.train_rollout.get_batch(c.rollout_batch_size)
     metrics["time/rollout"] = time.time() - t
     metrics.update(rollout_metrics)
+    samples = {k: getattr(batch, k) for k in ("input_ids", "segment_ids", "response_mask")}
+    adv = returns = None
+    if c.drop_zero_advantage_samples:
+      # Advantages before the model runs (no critic, no KL in the reward: config
+      # rules), so samples without a policy gradient skip log-probs and training.
+      adv, returns = self.advantages(batch, {"response_mask": batch.response_mask})
+      keep = adv_lib.samples_to_train(adv)
+      metrics["rollout/kept_samples"] = float(np.asarray(adv_lib.informative(adv)).mean())
+      samples = {k: v[keep] for k, v in samples.items()}
+      adv, returns = adv[keep], returns[keep]
     # Packed rows for everything that runs the model; the unpacked [N, T] view for
     # the per-sample advantage computation (rollx.trainer.packing).
-    packing = packing_lib.plan(batch.segment_ids.sum(axis=1), c.sequence_length, self.minibatch,
-                               pack=c.loss_agg_mode == "token-mean")
-    arrays = {"input_ids": packing.pack(batch.input_ids), "segment_ids": packing.segment_ids(),
-              "response_mask": packing.pack(batch.response_mask)}
+    packing = packing_lib.plan(samples["segment_ids"].sum(axis=1), c.sequence_length,
+                               self.minibatch, pack=c.loss_agg_mode == "token-mean",
+                               granule=self.granule)
+    rows = packing.minibatch_rows
+    arrays = {"input_ids": packing.pack(samples["input_ids"]),
+              "segment_ids": packing.segment_ids(),
+              "response_mask": packing.pack(samples["response_mask"])}
     t = time.time()
-    arrays["old_logp"] = self._chunked(self.actor.compute_logprobs, self.actor_state.params, arrays)
+    arrays["old_logp"] = self._chunked(self.actor.compute_logprobs, self.actor_state.params,
+                                       arrays, rows)
     if self.kl_on:
-      arrays["ref_logp"] = self._chunked(self.actor.compute_logprobs, self.ref_params, arrays)
+      arrays["ref_logp"] = self._chunked(self.actor.compute_logprobs, self.ref_params, arrays,
+                                         rows)
     if self.use_critic:
       arrays["old_values"] = self._chunked(self.critic.compute_values, self.critic_state.params,
-                                           arrays)
+                                           arrays, rows)
     metrics["time/logprobs"] = time.time() - t
-    n = len(batch)
-    per_sample = {k: packing.unpack(arrays[k]) for k in ("old_logp", "ref_logp", "old_values")
-                  if k in arrays}
-    per_sample["response_mask"] = batch.response_mask
-    adv, returns = self.advantages(batch, per_sample)
+    # the least likely sampled token under the trainer's policy: a server that samples
+    # off-policy (stale weights, a sampler bug) shows here first
+    response = arrays["response_mask"] > 0
+    metrics["rollout/min_token_logp"] = float(arrays["old_logp"][response].min(initial=0.0))
+    if adv is None:
+      per_sample = {k: packing.unpack(arrays[k]) for k in ("old_logp", "ref_logp", "old_values")
+                    if k in arrays}
+      per_sample["response_mask"] = batch.response_mask
+      adv, returns = self.advantages(batch, per_sample)
     arrays["advantages"], arrays["returns"] = packing.pack(adv), packing.pack(returns)
     metrics["packing/rows"] = float(packing.num_rows)
-    metrics["packing/fill"] = float(batch.segment_ids.sum() / arrays["input_ids"].size)
+    metrics["packing/fill"] = float(samples["segment_ids"].sum() / arrays["input_ids"].size)
     t = time.time()
     if self.use_critic:
       self.critic_state, m = self._update(
           self.critic, self.critic_state, arrays,
-          ("input_ids", "segment_ids", "response_mask", "old_values", "returns"))
+          ("input_ids", "segment_ids", "response_mask", "old_values", "returns"), rows)
       metrics.update({f"critic/{k}": v for k, v in m.items()})
     if self.step >= c.critic_warmup:
       keys = ("input_ids", "segment_ids", "response_mask", "old_logp", "advantages") + (
           ("ref_logp",) if c.use_kl_loss else ())
-      self.actor_state, m = self._update(self.actor, self.actor_state, arrays, keys)
+      self.actor_state, m = self._update(self.actor, self.actor_state, arrays, keys, rows)
       metrics.update({f"actor/{k}": v for k, v in m.items()})
     metrics["time/train"] = time.time() - t
-    mask = arrays["response_mask"]
     if self.kl_on:
+      mask = arrays["response_mask"]
       kl = float(((arrays["old_logp"] - arrays["ref_logp"]) * mask).sum() / max(mask.sum(), 1))
       metrics["kl"] = kl
       # the controller's horizon counts episodes (rollout_batch_size), whether an
       # episode is one trajectory-wise row or one step-wise row per env step
       self.kl_ctrl.update(kl, len(batch.trajectories))
       metrics["kl_coef"] = self.kl_ctrl.coef
+    return self._step_metrics(metrics, batch, t0)
+
+  def _step_metrics(self, metrics, batch: RolloutBatch, t0: float) -> Dict[str, float]:
+    """The step's summary scalars (rollout scores, the actor's, timing) and transcripts."""
     tags = sorted(set(batch.tags))
     metrics["score"] = float(np.mean([metrics[f"{t}/score_mean"] for t in tags]))
     metrics["success"] = float(np.mean([metrics[f"{t}/success"] for t in tags]))
@@ -280,10 +308,10 @@ class AgenticPipeline:
     metrics["entropy"] = metrics.get("actor/entropy", float("nan"))
     metrics["loss"] = metrics.get("actor/loss", float("nan"))
     metrics["lr"] = float(self.actor.lr_schedule(int(self.actor_state.step)))
-    metrics["response_length"] = float(mask.sum() / max(n, 1))
+    metrics["response_length"] = float(batch.response_mask.sum() / max(len(batch), 1))
     metrics["time/step"] = time.time() - t0
     metrics["tokens_per_s"] = float(batch.segment_ids.sum() / metrics["time/step"])
-    if self.step % c.logging_steps == 0:
+    if self.step % self.config.logging_steps == 0:
       self.tracker.transcripts(self.step, batch.trajectories, self.tokenizer)
     return metrics
 

@@ -155,6 +155,30 @@ def test_whiten_and_clip():
   assert float(adv.max()) == 1.0 and float(adv.min()) == -1.0
 
 
+def test_dropping_zero_advantage_samples_whitens_over_the_kept_ones():
+  # group 0 (rows 0-3) learns something; group 1 (rows 4-7) scored alike: no signal
+  mask = np.zeros((8, 3), np.float32)
+  mask[:, :2] = 1
+  mask[0, 1] = 0  # unequal lengths: plain whitening would shift the zero rows off zero
+  inputs = {"response_mask": jnp.asarray(mask), "scores": jnp.array([1., 0, 0, 0, 1, 1, 1, 1]),
+            "group_ids": jnp.array([0, 0, 0, 0, 1, 1, 1, 1]), "token_kl": jnp.zeros((8, 3))}
+  config = cfg(adv_estimator="grpo", whiten_advantages=True)
+  config.reward_normalization.method = "mean"
+  plain, _ = adv_lib.compute_advantages(inputs, config)
+  assert float(jnp.abs(plain[4:, :2]).min()) > 0  # whitening over all rows: not zero any more
+  config.drop_zero_advantage_samples = True
+  adv, _ = adv_lib.compute_advantages(inputs, config)
+  np.testing.assert_array_equal(adv_lib.informative(adv), [True] * 4 + [False] * 4)
+  np.testing.assert_array_equal(adv[4:], 0.0)
+  np.testing.assert_array_equal(adv_lib.samples_to_train(adv), [0, 1, 2, 3])
+  # nothing to learn from anywhere (a collapsed policy): everything trains, KL loss included
+  np.testing.assert_array_equal(adv_lib.samples_to_train(np.zeros((5, 3))), range(5))
+  raw = np.array([0.75, -0.25, -0.25, -0.25])[:, None] * mask[:4]  # centred scores
+  kept = mask[:4] > 0
+  want = (raw - raw[kept].mean()) / (raw[kept].std() + adv_lib.EPS) * mask[:4]
+  np.testing.assert_allclose(adv[:4], want, rtol=1e-5, atol=1e-6)
+
+
 def grad_of_loss(ratio, advantage, dual=None):
   def f(logp):
     return losses.ppo_policy_loss(logp, jnp.zeros(1), jnp.array([advantage]), jnp.ones(1),
@@ -198,6 +222,16 @@ def test_value_loss_clip_and_kl_estimators():
   logp, ref = jnp.log(jnp.array([0.5])), jnp.log(jnp.array([0.25]))
   assert float(losses.kl_divergence(logp, ref, "k1")[0]) == pytest.approx(np.log(2))
   assert float(losses.kl_divergence(logp, ref, "k3")[0]) == pytest.approx(0.5 - 1 + np.log(2))
+
+
+def test_k3_is_capped_where_the_policy_made_a_sampled_token_unlikely():
+  # pi = 1e-6 where pi_ref = 0.25: uncapped k3 ~ 2.5e5 with a gradient of the same size
+  logp, ref = jnp.log(jnp.array([1e-6, 0.5])), jnp.log(jnp.array([0.25, 0.25]))
+  k3 = losses.kl_divergence(logp, ref)
+  assert float(k3[0]) == losses.K3_MAX
+  assert float(k3[1]) == pytest.approx(0.5 - 1 + np.log(2), rel=1e-6)  # untouched below the cap
+  grad = jax.grad(lambda lp: losses.kl_divergence(lp, ref).sum())(logp)
+  assert float(grad[0]) == 0.0 and float(grad[1]) == pytest.approx(1 - 0.5, rel=1e-5)
 
 
 def test_adaptive_kl_controller_by_hand():

@@ -110,6 +110,9 @@ def test_type_and_unknown_key_errors(mutate, key, match):
      "train_env_manager.group_filter_ratio", "(0, 1]"),
     (lambda c: setattr(c.actor_infer.strategy_args, "max_prefill_length", 100),
      "actor_infer.strategy_args.max_prefill_length", "power of two"),
+    (lambda c: setattr(c, "adv_estimator", "gae"), "drop_zero_advantage_samples", "critic"),
+    (lambda c: c.update(init_kl_coef=0.1, use_kl_loss=False), "drop_zero_advantage_samples",
+     "KL penalty in the reward"),
 ])
 def test_rule_errors_name_the_key(mutate, key, match):
   config = load("frozenlake")

@@ -62,3 +62,18 @@ def test_logprobs_on_packed_rows_equal_per_sample_rows():
   np.testing.assert_allclose(p.unpack(np.asarray(got))[mask], np.asarray(want)[mask], atol=1e-5)
   np.testing.assert_allclose(p.unpack(np.asarray(got_ent))[mask], np.asarray(want_ent)[mask],
                              atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,want", [(130, (144, 48)), (128, (128, 64)), (64, (64, 64)),
+                                       (65, (96, 48)), (1, (16, 16)), (0, (16, 16))])
+def test_rows_split_into_equal_minibatches_with_little_padding(rows, want):
+  # 130 rows used to be padded to 192 (three minibatches of 64, a third of them empty)
+  assert packing.split_rows(rows, 64, 16) == want
+  total, size = want
+  assert total % size == 0 and size % 16 == 0 and size <= 64
+  assert total - rows < 16 * (total // size) or rows == 0  # under one granule per minibatch
+
+
+def test_granule_must_divide_the_minibatch():
+  with pytest.raises(ValueError, match="granule 24"):
+    packing.split_rows(10, 64, 24)

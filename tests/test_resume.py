@@ -25,7 +25,6 @@ import os
 import pickle
 import re
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -34,11 +33,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from tensorboardX.proto import event_pb2
 
 from rollx import checkpoint
 from tests.conftest import ROOT
-from tests.test_pipeline import SMALL, train_env, train_flags
+from tests.test_pipeline import SMALL, tb_scalars, train_env, train_flags
 
 pytestmark = pytest.mark.timeout(900)  # the chain runs in the first test's setup
 
@@ -49,6 +47,7 @@ EXTRA = [
     f"--config.max_steps={MAX_STEPS}", "--config.save_steps=1",
     # an adaptive KL-in-reward controller, so kl_coef moves every step
     "--config.use_kl_loss=False", f"--config.init_kl_coef={INIT_KL_COEF}",
+    "--config.drop_zero_advantage_samples=False",  # a reward penalty: no zero advantages
     f"--config.target_kl={TARGET_KL}", f"--config.kl_horizon={KL_HORIZON}",
     # weights synced on even steps only: resuming at step 1 must push the restored ones
     "--config.actor_train.model_update_frequency=2",
@@ -219,32 +218,13 @@ def chain(tmp_path_factory):
       run.kill()
   rec["runs"] = {run.name: run for run in runs}
   rec["out"] = out
-  rec["events"] = [_events(out / f"logs_{run.name}" / "frozenlake_grpo") for run in runs]
+  rec["events"] = [tb_scalars(out / f"logs_{run.name}" / "frozenlake_grpo") for run in runs]
   return rec
 
 
 # -- console and TensorBoard ---------------------------------------------------------
 def _console_steps(text):
   return [int(s) for s, n in re.findall(r"\] step (\d+)/(\d+) ", text) if int(n) == MAX_STEPS]
-
-
-def _events(logs):
-  """{scalar tag: {step: value}} from a run's TensorBoard event files."""
-  scalars = {}
-  for name in sorted(os.listdir(logs)):
-    with open(logs / name, "rb") as f:
-      data = f.read()
-    i = 0
-    while i + 12 <= len(data):  # TFRecords; a kill may have cut the last one short
-      (n,) = struct.unpack("<Q", data[i:i + 8])
-      if i + 12 + n + 4 > len(data):
-        break
-      event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
-      i += 12 + n + 4
-      for v in event.summary.value:
-        if v.WhichOneof("value") == "simple_value":
-          scalars.setdefault(v.tag, {})[event.step] = v.simple_value
-  return scalars
 
 
 # -- tests ---------------------------------------------------------------------------

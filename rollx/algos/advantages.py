@@ -223,12 +223,31 @@ ADVANTAGES: Dict[str, Callable] = {"gae": _on_episodes(gae), "grpo": _on_episode
                                    "reinforce": _on_episodes(reinforce), "gigpo": gigpo}
 
 
+def informative(adv_nt: jax.Array) -> jax.Array:
+  """[N] bool: the sample has a non-zero advantage on some token (a policy gradient)."""
+  return jnp.any(adv_nt != 0, axis=1)
+
+
+def samples_to_train(adv_nt) -> np.ndarray:
+  """Indices of the samples the actor trains on under `drop_zero_advantage_samples`:
+  those with a policy gradient, or all of them where none has one (e.g. a policy
+  collapsed into one invalid answer, every episode scoring the same): the KL loss
+  must still pull such a policy back to the reference, dropping everything would
+  leave it there."""
+  keep = np.flatnonzero(np.asarray(informative(jnp.asarray(adv_nt))))
+  return keep if len(keep) else np.arange(len(adv_nt))
+
+
 def compute_advantages(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
   """Registry lookup, then `whiten_advantages` and `advantage_clip`."""
   if config.adv_estimator not in ADVANTAGES:
     raise ValueError(f"adv_estimator {config.adv_estimator!r} is not one of {sorted(ADVANTAGES)}")
   adv, returns = ADVANTAGES[config.adv_estimator](inputs, config)
   mask = inputs["response_mask"]
+  if config.get("drop_zero_advantage_samples", False):
+    # these samples leave the batch (the pipeline keeps rows with a non-zero advantage):
+    # whitening must not count them, nor give them a non-zero advantage back
+    mask = mask * informative(adv)[:, None]
   if config.whiten_advantages:
     count = jnp.maximum(mask.sum(), 1.0)
     mean = (adv * mask).sum() / count

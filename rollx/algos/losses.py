@@ -42,12 +42,20 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low: float, clip_high
   return aggregate(loss, mask, agg), metrics
 
 
+K3_MAX = 10.0
+
+
 def kl_divergence(logp, ref_logp, kind: str = "k3") -> jax.Array:
-  """Per-token KL estimate of pi from pi_ref: k1 = log r; k3 = r^-1 - 1 + log r (>= 0)."""
+  """Per-token KL estimate of pi from pi_ref: k1 = log r; k3 = r^-1 - 1 + log r (>= 0).
+
+  k3 is capped at K3_MAX (no gradient above it): its r^-1 = pi_ref / pi grows without
+  bound on a sampled token the policy has made unlikely, and one such token in a
+  minibatch of thousands made the mean KL loss 47 and the update a jump away from
+  both policies (measured, FrozenLake; REFERENCE.md section 9's collapse)."""
   log_ratio = logp - ref_logp
   if kind == "k1":
     return log_ratio
-  return jnp.exp(-log_ratio) - 1.0 + log_ratio
+  return jnp.minimum(jnp.exp(-log_ratio) - 1.0 + log_ratio, K3_MAX)
 
 
 def value_loss(values, old_values, returns, mask, clip: Optional[float], agg: str = "token-mean"):

@@ -6,8 +6,11 @@ every padded position. Packing puts samples side by side in rows of the same
 width (first-fit decreasing), numbering them 1, 2, ... within a row; the model's
 segment mask keeps attention and positions inside each sample and log-probs never
 predict across a boundary (rollx.models.logprobs). Shapes stay static: the row
-width is `sequence_length` and the row count is rounded up to a multiple of the
-minibatch, so the jitted functions see one batch shape (plus one per row count).
+width is `sequence_length`, and the rows are split into the fewest equal
+minibatches of at most `row_multiple` rows, each a multiple of `granule` rows:
+padding stays under one granule per minibatch (rounding up to a whole minibatch
+wasted up to half the train compute of a step-wise batch), and the jitted
+functions see at most row_multiple / granule batch shapes.
 
 Per-sample computations that run over time (GAE, KL-to-go) happen on the
 unpacked [N, T] view (`unpack`), the step itself on the packed one (`pack`).
@@ -30,6 +33,7 @@ class Packing:
   segment: np.ndarray  # [N] its segment id in the row (1-based)
   num_rows: int
   width: int
+  minibatch_rows: int  # rows per minibatch; num_rows is a multiple of it
 
   @functools.cached_property  # a step packs/unpacks ~8 arrays with the same plan
   def _index(self):
@@ -60,8 +64,22 @@ class Packing:
     return out
 
 
-def plan(lengths, width: int, row_multiple: int = 1, pack: bool = True) -> Packing:
-  """First-fit decreasing into rows of `width`; `pack=False`: one sample per row."""
+def split_rows(rows: int, minibatch: int, granule: int) -> tuple[int, int]:
+  """(padded row count, rows per minibatch) for the fewest minibatches of at most
+  `minibatch` rows, all of one size, a multiple of `granule` (which divides `minibatch`)."""
+  if minibatch % granule:
+    raise ValueError(f"granule {granule} does not divide the minibatch of {minibatch} rows")
+  n = max(1, math.ceil(rows / minibatch))
+  size = max(1, math.ceil(rows / n / granule)) * granule
+  return n * size, size
+
+
+def plan(lengths, width: int, row_multiple: int = 1, pack: bool = True,
+         granule: int | None = None) -> Packing:
+  """First-fit decreasing into rows of `width`; `pack=False`: one sample per row.
+
+  Rows are padded for minibatches of at most `row_multiple` rows made of `granule`-row
+  units (default: whole minibatches, i.e. a multiple of `row_multiple`)."""
   lengths = np.asarray(lengths, np.int64)
   if len(lengths) and lengths.max() > width:
     raise ValueError(f"a sample of {lengths.max()} tokens exceeds sequence_length={width}")
@@ -81,5 +99,5 @@ def plan(lengths, width: int, row_multiple: int = 1, pack: bool = True) -> Packi
     rows = len(used)
   else:
     row, rows = np.arange(n), n
-  num_rows = max(1, math.ceil(rows / row_multiple)) * row_multiple
-  return Packing(row, offset, lengths, segment, num_rows, width)
+  num_rows, minibatch_rows = split_rows(rows, row_multiple, granule or row_multiple)
+  return Packing(row, offset, lengths, segment, num_rows, width, minibatch_rows)
