@@ -3,12 +3,13 @@
 Command:   python -m rollx.train --config=configs/frozenlake.py
            (or `make train`; overrides: --config.max_steps=50 ...)
 Hardware:  one CPU host (2 cores is enough); no accelerator needed.
-Runtime:   ~7-9 s per step on 2 CPU cores (plus validation every 10 steps); see the
-           README results table.
-Expected:  shipped default model, seed 2: greedy validation success on unseen maps
-           0.09 -> 0.50 at 10 min, 0.69 at 20 min; seed 1: 0.03 -> 0.44 at ~9.5 min,
-           then unlearned (0.31 at 20 min). The issue's target (>= 0.8 within 20 min,
-           3 seeds) is NOT reached yet: see the README "Learning" section.
+Runtime:   ~4-7 s per step on 2 CPU cores (mean 5.1 s over 232 steps; validation every
+           10 steps); see the README results table.
+Expected:  shipped default model, 20 min: seed 1: greedy validation success on unseen
+           maps 0.03 -> 0.81 at 15.2 min, then 0.34-0.75; seed 2: 0.09 -> 0.56 at 14 min,
+           0.53 at 20 min; seed 3 collapses at step 10 (every answer invalid). The
+           issue's target (>= 0.8 within 20 min and >= 0.7 to min 30, 3 seeds) is NOT
+           reached yet: see the README "Learning" section.
 
 Start: the default model (rollx/models/default) is a 0.67M-parameter policy warm
 started on random-play transcripts (next-token prediction on observations and random

@@ -50,8 +50,8 @@ def kl_divergence(logp, ref_logp, kind: str = "k3") -> jax.Array:
 
   k3 is capped at K3_MAX (no gradient above it): its r^-1 = pi_ref / pi grows without
   bound on a sampled token the policy has made unlikely, and one such token in a
-  minibatch of thousands made the mean KL loss 47 and the update a jump away from
-  both policies (measured, FrozenLake; REFERENCE.md section 9's collapse)."""
+  minibatch of thousands made a step's mean KL loss 47 (grad norm 249) and its update
+  a jump away from both policies (measured: configs/frozenlake.py, seed 1, step 5)."""
   log_ratio = logp - ref_logp
   if kind == "k1":
     return log_ratio
