@@ -240,8 +240,9 @@ class AgenticPipeline:
       # Advantages before the model runs (no critic, no KL in the reward: config
       # rules), so samples without a policy gradient skip log-probs and training.
       adv, returns = self.advantages(batch, {"response_mask": batch.response_mask})
-      keep = adv_lib.samples_to_train(adv)
-      metrics["rollout/kept_samples"] = float(np.asarray(adv_lib.informative(adv)).mean())
+      has_gradient = np.asarray(adv_lib.informative(adv))
+      metrics["rollout/kept_samples"] = float(has_gradient.mean())
+      keep = adv_lib.samples_to_train(has_gradient)
       samples = {k: v[keep] for k, v in samples.items()}
       adv, returns = adv[keep], returns[keep]
     # Packed rows for everything that runs the model; the unpacked [N, T] view for
@@ -263,8 +264,8 @@ class AgenticPipeline:
       arrays["old_values"] = self._chunked(self.critic.compute_values, self.critic_state.params,
                                            arrays, rows)
     metrics["time/logprobs"] = time.time() - t
-    # the least likely sampled token under the trainer's policy: a server that samples
-    # off-policy (stale weights, a sampler bug) shows here first
+    # the least likely sampled token under the trainer's policy: ~-15 from vocabulary-tail
+    # sampling at T=1 (measured from step 0); far below, the server samples off-policy
     response = arrays["response_mask"] > 0
     metrics["rollout/min_token_logp"] = float(arrays["old_logp"][response].min(initial=0.0))
     if adv is None:
@@ -295,10 +296,6 @@ class AgenticPipeline:
       # episode is one trajectory-wise row or one step-wise row per env step
       self.kl_ctrl.update(kl, len(batch.trajectories))
       metrics["kl_coef"] = self.kl_ctrl.coef
-    return self._step_metrics(metrics, batch, t0)
-
-  def _step_metrics(self, metrics, batch: RolloutBatch, t0: float) -> Dict[str, float]:
-    """The step's summary scalars (rollout scores, the actor's, timing) and transcripts."""
     tags = sorted(set(batch.tags))
     metrics["score"] = float(np.mean([metrics[f"{t}/score_mean"] for t in tags]))
     metrics["success"] = float(np.mean([metrics[f"{t}/success"] for t in tags]))
@@ -311,7 +308,7 @@ class AgenticPipeline:
     metrics["response_length"] = float(batch.response_mask.sum() / max(len(batch), 1))
     metrics["time/step"] = time.time() - t0
     metrics["tokens_per_s"] = float(batch.segment_ids.sum() / metrics["time/step"])
-    if self.step % self.config.logging_steps == 0:
+    if self.step % c.logging_steps == 0:
       self.tracker.transcripts(self.step, batch.trajectories, self.tokenizer)
     return metrics
 

@@ -170,9 +170,9 @@ def test_dropping_zero_advantage_samples_whitens_over_the_kept_ones():
   adv, _ = adv_lib.compute_advantages(inputs, config)
   np.testing.assert_array_equal(adv_lib.informative(adv), [True] * 4 + [False] * 4)
   np.testing.assert_array_equal(adv[4:], 0.0)
-  np.testing.assert_array_equal(adv_lib.samples_to_train(adv), [0, 1, 2, 3])
-  # nothing to learn from anywhere (a collapsed policy): everything trains, KL loss included
-  np.testing.assert_array_equal(adv_lib.samples_to_train(np.zeros((5, 3))), range(5))
+  np.testing.assert_array_equal(adv_lib.samples_to_train(adv_lib.informative(adv)), [0, 1, 2, 3])
+  # nothing to learn from anywhere: everything trains (KL loss), not an empty batch
+  np.testing.assert_array_equal(adv_lib.samples_to_train(np.zeros(5, bool)), range(5))
   raw = np.array([0.75, -0.25, -0.25, -0.25])[:, None] * mask[:4]  # centred scores
   kept = mask[:4] > 0
   want = (raw - raw[kept].mean()) / (raw[kept].std() + adv_lib.EPS) * mask[:4]
