@@ -162,6 +162,11 @@ def default_config() -> ml_collections.ConfigDict:
       drop_zero_advantage_samples=False,
       advantage_clip=config_dict.placeholder(float),  # |A| clip; None = off
       entropy_loss_coef=0.0,
+      # Trust region per optimizer update: an actor update that would move the policy
+      # past this approx KL from the rollout policy (token mean of 0.5 log-ratio^2 on its
+      # minibatch, measured after the update) is scaled down to land on it; a minibatch
+      # that starts beyond it does not move the policy. None = off.
+      max_update_kl=config_dict.placeholder(float),
       critic_warmup=0,  # steps of critic-only training before the actor trains
       loss_agg_mode="token-mean",
       reward_normalization=_cd(
@@ -306,7 +311,8 @@ def _ranges(c: _Checker, cfg):
   for key in ("gamma", "lambd", "step_reward_gamma"):
     if isinstance(cfg[key], float):
       c.rule(0.0 <= cfg[key] <= 1.0, key, f"must be in [0, 1], got {cfg[key]}")
-  for key in ("pg_clip", "pg_clip_low", "pg_clip_high", "target_kl", "advantage_clip"):
+  for key in ("pg_clip", "pg_clip_low", "pg_clip_high", "target_kl", "advantage_clip",
+              "max_update_kl"):
     if isinstance(cfg[key], float):
       c.rule(cfg[key] > 0, key, f"must be > 0, got {cfg[key]}")
   for key in ("init_kl_coef", "kl_loss_coef", "async_generation_ratio"):

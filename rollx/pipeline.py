@@ -64,6 +64,11 @@ def _actor_loss(config, model, params, batch, rng):
   return loss, metrics
 
 
+def _actor_update_kl(model, params, batch):
+  logp, _ = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"])
+  return losses.approx_kl(logp, batch["old_logp"], batch["response_mask"])
+
+
 def _critic_loss(config, model, params, batch, rng):
   values = llm.forward(model, params, batch["input_ids"], batch["segment_ids"])
   clip = config.value_clip if config.value_clip > 0 else None
@@ -94,7 +99,9 @@ class AgenticPipeline:
     per_device = at.training_args.per_device_train_batch_size
     self.granule = self.minibatch // 4 if per_device % 4 == 0 else self.minibatch
     updates = c.max_steps * c.ppo_epochs * max(1, c.rollout_batch_size // self.minibatch)
-    self.actor = Trainer(policy.config, at, self.mesh, functools.partial(_actor_loss, c), updates)
+    trust_region = (_actor_update_kl, c.max_update_kl) if c.max_update_kl is not None else None
+    self.actor = Trainer(policy.config, at, self.mesh, functools.partial(_actor_loss, c), updates,
+                         trust_region=trust_region)
     host_params = jax.device_get(policy.params)  # init_state donates what it is given
     self.actor_state = self.actor.init_state(host_params)
     self.ref_params = (jax.device_put(host_params, self.actor.param_shardings)

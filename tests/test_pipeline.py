@@ -78,6 +78,11 @@ def test_train_three_steps_end_to_end(tmp_path):
   assert sorted(scalars["rollout/kept_samples"]) == [0, 1, 2]
   assert all(0 <= v <= 1 for v in scalars["rollout/kept_samples"].values())
   assert all(v < 0 for v in scalars["rollout/min_token_logp"].values())
+  # the config bounds each actor update's KL (max_update_kl): the search ran every step
+  assert sorted(scalars["actor/update_scale"]) == [0, 1, 2]
+  assert all(0 <= v <= 1 for v in scalars["actor/update_scale"].values())
+  assert all(scalars["actor/update_kl"][s] <= scalars["actor/proposed_kl"][s] + 1e-6
+             for s in range(3))
   assert glob.glob(f"{out}/render/step_00000/*/episode.gif")
   model = transformers.AutoModelForCausalLM.from_pretrained(f"{out}/export", local_files_only=True)
   with torch.no_grad():

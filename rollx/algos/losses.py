@@ -37,9 +37,16 @@ def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low: float, clip_high
   m = mask.astype(jnp.float32)
   count = jnp.maximum(m.sum(), 1.0)
   metrics = {"clip_fraction": jnp.sum((clipped > unclipped) * m) / count,
-             "approx_kl": jnp.sum(0.5 * (logp - old_logp) ** 2 * m) / count,
+             "approx_kl": approx_kl(logp, old_logp, mask),
              "ratio_mean": jnp.sum(ratio * m) / count}
   return aggregate(loss, mask, agg), metrics
+
+
+def approx_kl(logp, old_logp, mask) -> jax.Array:
+  """Token mean of 0.5 (log pi - log pi_old)^2 over the response: the second-order
+  estimate of KL(pi_old || pi) on the sampled tokens."""
+  m = mask.astype(jnp.float32)
+  return jnp.sum(0.5 * (logp - old_logp) ** 2 * m) / jnp.maximum(m.sum(), 1.0)
 
 
 K3_MAX = 10.0
