@@ -62,12 +62,14 @@ def plot(curves, path: str, title: str, minutes: float) -> None:
     d.text((8, y(v) - 6), f"{v:.1f}", fill="black")
   for m in range(0, int(minutes) + 1, 5):
     d.text((x(m) - 6, h - bottom + 6), str(m), fill="black")
-  colors = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189)]
+  colors = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
+            (140, 86, 75)]
   for i, (label, curve) in enumerate(curves):
     pts = [(x(c[0]), y(c[2])) for c in curve]
     if len(pts) > 1:
-      d.line(pts, fill=colors[i % 5], width=2)
-    d.text((w - right - 150, top + 4 + 14 * i), label, fill=colors[i % 5])
+      d.line(pts, fill=colors[i % len(colors)], width=2)
+    # legend top left: early in a run the curves are low there
+    d.text((left + 10, top + 4 + 14 * i), label, fill=colors[i % len(colors)])
   d.text((left, 8), title, fill="black")
   d.text((w // 2 - 90, h - 18), "wall-clock minutes, 2 CPU cores", fill="black")
   img.save(path)

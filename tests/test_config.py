@@ -77,6 +77,7 @@ def test_type_and_unknown_key_errors(mutate, key, match):
     (lambda c: setattr(c, "adv_estimator", "ppo"), "adv_estimator", "not one of"),
     (lambda c: setattr(c, "max_steps", 0), "max_steps", ">= 1"),
     (lambda c: setattr(c, "gamma", 1.5), "gamma", "[0, 1]"),
+    (lambda c: setattr(c, "max_update_kl", 0.0), "max_update_kl", "> 0"),
     (lambda c: setattr(c, "pretrain", "/nonexistent"), "pretrain", "no config.json"),
     (lambda c: setattr(c.actor_train.strategy_args, "tp_size", 0),
      "actor_train.strategy_args.tp_size", ">= 1 or -1"),
