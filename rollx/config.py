@@ -164,8 +164,8 @@ def default_config() -> ml_collections.ConfigDict:
       entropy_loss_coef=0.0,
       # Trust region per optimizer update: an actor update that would move the policy
       # past this approx KL from the rollout policy (token mean of 0.5 log-ratio^2 on its
-      # minibatch, measured after the update) is scaled down to land on it; a minibatch
-      # that starts beyond it does not move the policy. None = off.
+      # minibatch, measured after the update) is scaled down to about it; a minibatch
+      # that starts beyond it moves only if its update comes back inside. None = off.
       max_update_kl=config_dict.placeholder(float),
       critic_warmup=0,  # steps of critic-only training before the actor trains
       loss_agg_mode="token-mean",

@@ -6,11 +6,12 @@
     logp, entropy = trainer.compute_logprobs(state.params, batch)
 
 `loss_fn(model, params, batch, rng) -> (loss, aux_metrics)` is the algorithm's
-(PPO policy loss, value loss, ...). An optional trust region `(kl_fn, max_kl)` bounds how
-far one update may move the policy (`kl_fn(model, params, batch)`: the policy's distance
-from the batch's rollout policy; the loss reports the same figure as aux `approx_kl`). The step is pure and compiled once per batch
-shape: the state goes in donated with its shardings and comes out with the same
-ones, the batch is split over data x fsdp, gradients are accumulated over
+(PPO policy loss, value loss, ...). An optional trust region `(kl_fn, max_kl)` bounds
+how far one update may move the policy (`kl_fn(model, params, batch)`: the policy's
+distance from the batch's rollout policy; the loss must report the same figure as aux
+`approx_kl`). The step is pure and compiled once per batch shape: the state goes in
+donated with its shardings and comes out with the same ones, the batch is split over
+data x fsdp, gradients are accumulated over
 `gradient_accumulation_steps` microbatches inside the step, then clipped and
 applied by optax.
 """
@@ -33,7 +34,8 @@ from rollx.trainer.state import TrainState, lr_schedule, make_optimizer, new_sta
 Batch = Dict[str, jax.Array]
 LossFn = Callable[[llm.Transformer, Any, Batch, jax.Array], Tuple[jax.Array, Dict[str, jax.Array]]]
 KLFn = Callable[[llm.Transformer, Any, Batch], jax.Array]
-TRUST_REGION_EVALS = 4  # forward passes the trust region's line search may add to a step
+# forward passes the trust region's line search may add after the one measuring the full update
+TRUST_REGION_EVALS = 4
 
 
 class Trainer:
@@ -142,8 +144,9 @@ class Trainer:
     the scale s comes from a line search: s <- s (max_kl - kl_before) / (KL(s) -
     kl_before), at most TRUST_REGION_EVALS forward passes, none when the full update is
     within the bound. A minibatch that starts beyond `max_kl` (drift from the step's
-    earlier minibatches) gets s = 0: PPO's early stop at a target KL. The optimizer's
-    moments keep the full gradient; only the applied move is scaled.
+    earlier minibatches) gets s = 0 unless its full update lands inside: PPO's early
+    stop at a target KL. The optimizer's moments keep the full gradient; only the
+    applied move is scaled. Memory: one more copy of the params while measuring.
     """
     kl_fn, max_kl = self.trust_region
     micro = self._micro(batch)
