@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rollx import config as config_lib
+from rollx import config as config_lib, pipeline
 from rollx.algos import losses
 from rollx.models import logprobs
 from rollx.parallel import mesh as mesh_lib
@@ -27,9 +27,7 @@ def pg_loss(model, params, batch, rng):
       "approx_kl": losses.approx_kl(logp, batch["old_logp"], m)}
 
 
-def update_kl(model, params, batch):
-  logp, _ = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"])
-  return losses.approx_kl(logp, batch["old_logp"], batch["response_mask"])
+update_kl = pipeline._actor_update_kl  # the KL the pipeline gives the actor's trust region
 
 
 def trainer(max_kl=None, grad_accum=1):
