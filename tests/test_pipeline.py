@@ -3,10 +3,12 @@
 
 import glob
 import os
+import signal
 import struct
 import subprocess
 import sys
 
+import pytest
 import torch
 import transformers
 from tensorboardX.proto import event_pb2
@@ -39,11 +41,22 @@ def train_env(**extra):
   return dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT, **extra)
 
 
-def train(tmp_path, *extra, timeout=900):
+def train(tmp_path, *extra, timeout=420):
+  """(output dir, CompletedProcess) of `python -m rollx.train`. A run past `timeout`
+  (below pytest's 600 s, so the child is still there) gets SIGABRT: with
+  PYTHONFAULTHANDLER every thread's stack goes to its stderr, which the failure shows
+  (one CI run hung here once, and pytest's own timeout saw only the parent's stack)."""
   out = tmp_path / "run"
   args = [sys.executable, "-m", "rollx.train", *train_flags(out, *extra)]
-  return out, subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                             env=train_env())
+  proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=train_env(PYTHONFAULTHANDLER="1"))
+  try:
+    stdout, stderr = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    proc.send_signal(signal.SIGABRT)
+    stdout, stderr = proc.communicate()
+    pytest.fail(f"rollx.train ran past {timeout} s; its threads:\n{stderr[-8000:]}")
+  return out, subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
 def tb_scalars(logs):

@@ -162,7 +162,9 @@ class Trainer:
       scale, kl, evals = carry
       scale = scale * room / jnp.maximum(kl - kl_before, 1e-12)
       scale = jnp.where(room > 0, scale, 0.0)
-      return scale, jnp.where(room > 0, kl_at(scale), kl_before), evals + 1
+      # no room: s = 0 is known, and staying put costs no forward pass
+      kl = jax.lax.cond(room > 0, kl_at, lambda _: kl_before, scale)
+      return scale, kl, evals + 1
 
     def too_far(carry):
       scale, kl, evals = carry
