@@ -29,6 +29,7 @@ ADV_ESTIMATORS = ("gae", "grpo", "reinforce", "gigpo")
 DTYPES = ("bf16", "fp32", "fp16")
 LR_SCHEDULERS = ("constant", "linear", "cosine")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_ESTIMATORS = ("k1", "k2", "k3")  # rollx.algos.losses.kl_divergence
 NORM_GROUPINGS = ("traj_group_id", "tags", "batch")
 NORM_METHODS = ("mean_std", "mean", "identity")
 PREFILL_BUCKETS = tuple(2**i for i in range(4, 16))
@@ -155,6 +156,7 @@ def default_config() -> ml_collections.ConfigDict:
       kl_horizon=10000,  # adaptive KL controller horizon
       use_kl_loss=False,  # KL as a loss term instead of a reward penalty
       kl_loss_coef=0.0,
+      kl_loss_type="k3",  # KL loss estimator on sampled tokens: k1 | k2 | k3 (rollx.algos.losses)
       whiten_advantages=False,
       # The actor trains only on samples whose advantage is non-zero (grpo / gigpo /
       # reinforce: a group whose episodes all scored alike carries no policy gradient);
@@ -329,6 +331,7 @@ def _ranges(c: _Checker, cfg):
            "cannot be combined with a KL penalty in the reward (init_kl_coef > 0 without "
            "use_kl_loss): that penalty makes every advantage non-zero")
   c.choice(cfg, "loss_agg_mode", "loss_agg_mode", LOSS_AGG_MODES)
+  c.choice(cfg, "kl_loss_type", "kl_loss_type", KL_ESTIMATORS)
   if isinstance(cfg.reward_normalization, (ml_collections.ConfigDict, dict)):
     c.choice(cfg.reward_normalization, "grouping", "reward_normalization.grouping",
              NORM_GROUPINGS)

@@ -57,7 +57,8 @@ def _actor_loss(config, model, params, batch, rng):
   ent = losses.aggregate(entropy, mask, agg)
   loss = pg - config.entropy_loss_coef * ent
   if config.use_kl_loss:
-    kl = losses.aggregate(losses.kl_divergence(logp, batch["ref_logp"]), mask, agg)
+    kl = losses.aggregate(losses.kl_divergence(logp, batch["ref_logp"], config.kl_loss_type),
+                            mask, agg)
     loss = loss + config.kl_loss_coef * kl
     metrics["kl_loss"] = kl
   metrics.update(pg_loss=pg, entropy=ent)

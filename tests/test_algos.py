@@ -224,6 +224,33 @@ def test_value_loss_clip_and_kl_estimators():
   assert float(losses.kl_divergence(logp, ref, "k3")[0]) == pytest.approx(0.5 - 1 + np.log(2))
 
 
+def test_kl_loss_estimators_expected_gradients_by_enumeration():
+  # One token position, a 4-way categorical: the expectation over a ~ pi of each
+  # estimator's gradient (pi held fixed as the sampling distribution) against the exact
+  # gradients on the logits: k2 -> grad KL(pi || ref) = pi * (log pi/ref - KL);
+  # k3 -> grad KL(ref || pi) = pi - ref.
+  z = jnp.array([1.0, -0.5, 0.3, 2.0])
+  ref = jnp.array([0.25, 0.25, 0.25, 0.25])
+  pi = jax.nn.softmax(z)
+
+  def expected_grad(kind):
+    def per_action(a):
+      f = lambda logits: losses.kl_divergence(jax.nn.log_softmax(logits)[a], jnp.log(ref[a]),
+                                              kind)
+      return pi[a] * jax.grad(f)(z)
+    return sum(per_action(a) for a in range(4))
+
+  reverse_kl = float(jnp.sum(pi * jnp.log(pi / ref)))
+  np.testing.assert_allclose(expected_grad("k2"), pi * (np.log(pi / ref) - reverse_kl),
+                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(expected_grad("k3"), pi - ref, rtol=1e-5, atol=1e-7)
+  # the per-token value by hand: r = pi / ref = 2 -> k2 = 0.5 log(2)^2
+  logp, lref = jnp.log(jnp.array([0.5])), jnp.log(jnp.array([0.25]))
+  assert float(losses.kl_divergence(logp, lref, "k2")[0]) == pytest.approx(0.5 * np.log(2) ** 2)
+  with pytest.raises(ValueError, match="kl_loss_type 'mse'"):
+    losses.kl_divergence(logp, lref, "mse")
+
+
 def test_k3_is_capped_where_the_policy_made_a_sampled_token_unlikely():
   # pi = 1e-6 where pi_ref = 0.25: uncapped k3 ~ 2.5e5 with a gradient of the same size
   logp, ref = jnp.log(jnp.array([1e-6, 0.5])), jnp.log(jnp.array([0.25, 0.25]))

@@ -75,6 +75,7 @@ def test_type_and_unknown_key_errors(mutate, key, match):
      "train_env_manager.num_groups_partition", "has 2 entries but tags has 1"),
     (lambda c: setattr(c, "rollout_batch_size", 100), "rollout_batch_size", "multiple"),
     (lambda c: setattr(c, "adv_estimator", "ppo"), "adv_estimator", "not one of"),
+    (lambda c: setattr(c, "kl_loss_type", "low_var_kl"), "kl_loss_type", "not one of"),
     (lambda c: setattr(c, "max_steps", 0), "max_steps", ">= 1"),
     (lambda c: setattr(c, "gamma", 1.5), "gamma", "[0, 1]"),
     (lambda c: setattr(c, "max_update_kl", 0.0), "max_update_kl", "> 0"),

@@ -53,15 +53,25 @@ K3_MAX = 10.0
 
 
 def kl_divergence(logp, ref_logp, kind: str = "k3") -> jax.Array:
-  """Per-token KL estimate of pi from pi_ref: k1 = log r; k3 = r^-1 - 1 + log r (>= 0).
+  """Per-token KL estimate of pi from pi_ref on sampled tokens, r = pi / pi_ref:
+  k1 = log r; k2 = 0.5 (log r)^2; k3 = r^-1 - 1 + log r (>= 0).
 
-  k3 is capped at K3_MAX (no gradient above it): its r^-1 = pi_ref / pi grows without
-  bound on a sampled token the policy has made unlikely, and one such token in a
-  minibatch of thousands made a step's mean KL loss 47 (grad norm 249) and its update
-  a jump away from both policies (measured: configs/frozenlake.py, seed 1, step 5)."""
+  As a loss their expected gradients differ: k2's is the gradient of KL(pi || pi_ref)
+  (mode-seeking: on a token where pi_ref is uniform it is an entropy bonus, which fades
+  as pi turns deterministic); k3's is the gradient of KL(pi_ref || pi) (mass-covering:
+  pi - pi_ref on the logits, a pull back to every action pi_ref allows, however
+  deterministic pi is), with a per-token weight 1 - pi_ref / pi that grows without bound
+  on a sampled token pi has made unlikely; k2's weight is only log r.
+  k3 is capped at K3_MAX (no gradient above it): one such token in a minibatch of
+  thousands made a step's mean KL loss 47 (grad norm 249) and its update a jump away
+  from both policies (measured: configs/frozenlake.py, seed 1, step 5)."""
   log_ratio = logp - ref_logp
   if kind == "k1":
     return log_ratio
+  if kind == "k2":
+    return 0.5 * log_ratio ** 2
+  if kind != "k3":
+    raise ValueError(f"kl_loss_type {kind!r} is not one of k1, k2, k3")
   return jnp.minimum(jnp.exp(-log_ratio) - 1.0 + log_ratio, K3_MAX)
 
 
