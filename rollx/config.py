@@ -162,6 +162,12 @@ def default_config() -> ml_collections.ConfigDict:
       # reinforce: a group whose episodes all scored alike carries no policy gradient);
       # their log-prob and train compute is saved, whitening runs over the samples kept.
       drop_zero_advantage_samples=False,
+      # Dynamic sampling (with drop_zero_advantage_samples): while fewer than this many
+      # groups of the step carry a policy gradient, another rollout_batch_size of episodes
+      # is played and added, up to max_rollout_rounds batches per step. Late in training
+      # most groups all succeed, and the few left would make a noisy update. 0 = off.
+      min_informative_groups=0,
+      max_rollout_rounds=4,
       advantage_clip=config_dict.placeholder(float),  # |A| clip; None = off
       entropy_loss_coef=0.0,
       # Trust region per optimizer update: an actor update that would move the policy
@@ -304,10 +310,11 @@ def _is_int(x) -> bool:
 
 def _ranges(c: _Checker, cfg):
   for key in ("max_steps", "save_steps", "logging_steps", "rollout_batch_size",
-              "val_batch_size", "sequence_length", "ppo_epochs", "kl_horizon"):
+              "val_batch_size", "sequence_length", "ppo_epochs", "kl_horizon",
+              "max_rollout_rounds"):
     if _is_int(cfg[key]):
       c.rule(cfg[key] >= 1, key, f"must be >= 1, got {cfg[key]}")
-  for key in ("eval_steps", "critic_warmup"):
+  for key in ("eval_steps", "critic_warmup", "min_informative_groups"):
     if _is_int(cfg[key]):
       c.rule(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
   for key in ("gamma", "lambd", "step_reward_gamma"):
@@ -330,6 +337,11 @@ def _ranges(c: _Checker, cfg):
                 and not cfg.use_kl_loss), "drop_zero_advantage_samples",
            "cannot be combined with a KL penalty in the reward (init_kl_coef > 0 without "
            "use_kl_loss): that penalty makes every advantage non-zero")
+  if _is_int(cfg.min_informative_groups) and cfg.min_informative_groups > 0:
+    # informative groups are counted from advantages taken before the model runs
+    c.rule(cfg.drop_zero_advantage_samples is True, "min_informative_groups",
+           "needs drop_zero_advantage_samples=True (groups are counted by their "
+           "non-zero advantages, taken before log-probs)")
   c.choice(cfg, "loss_agg_mode", "loss_agg_mode", LOSS_AGG_MODES)
   c.choice(cfg, "kl_loss_type", "kl_loss_type", KL_ESTIMATORS)
   if isinstance(cfg.reward_normalization, (ml_collections.ConfigDict, dict)):

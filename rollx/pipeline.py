@@ -2,7 +2,8 @@
 
     1. weight sync actor_train -> actor_infer servers (every model_update_frequency)
     2. validation rollout every eval_steps (greedy, unseen levels), frames saved
-    3. train rollout: scheduler.get_batch(rollout_batch_size) -> whole groups
+    3. train rollout: scheduler.get_batch(rollout_batch_size) -> whole groups (again,
+       up to max_rollout_rounds, while fewer than min_informative_groups carry a gradient)
     4. old log-probs (actor_train), reference log-probs (KL on), values (gae)
     5. KL penalty, advantages by adv_estimator (with drop_zero_advantage_samples:
        before 4, and only the samples with a policy gradient go on)
@@ -40,7 +41,8 @@ from rollx.models import hf, llm, logprobs
 from rollx.parallel import distributed, mesh as mesh_lib
 from rollx.rollout.env_worker import start_rollout
 from rollx.rollout.render import save_episode_frames
-from rollx.rollout.types import RolloutBatch
+from rollx.rollout.scheduler import episode_metrics
+from rollx.rollout.types import RolloutBatch, collate
 from rollx.serving.client import RolloutClient
 from rollx.trainer import packing as packing_lib
 from rollx.trainer.step import Trainer
@@ -249,9 +251,28 @@ class AgenticPipeline:
       # rules), so samples without a policy gradient skip log-probs and training.
       adv, returns = self.advantages(batch, {"response_mask": batch.response_mask})
       has_gradient = np.asarray(adv_lib.informative(adv))
+      rounds = 1
+      # Dynamic sampling: a step whose informative groups are few would make a noisy
+      # update of full size (Adam's step does not shrink with the evidence), so more
+      # episodes are played, from the current policy, until enough groups carry a
+      # gradient. Advantages are recomputed on the whole: whitening sees every group kept.
+      while (rounds < c.max_rollout_rounds and adv_lib.num_informative_groups(
+          has_gradient, batch.group_ids) < c.min_informative_groups):
+        t = time.time()
+        more, _ = self.train_rollout.get_batch(c.rollout_batch_size)
+        metrics["time/rollout"] += time.time() - t
+        batch = collate(batch.trajectories + more.trajectories, c.sequence_length)
+        adv, returns = self.advantages(batch, {"response_mask": batch.response_mask})
+        has_gradient = np.asarray(adv_lib.informative(adv))
+        rounds += 1
+      if rounds > 1:
+        metrics.update(episode_metrics(batch.trajectories))
+      metrics["rollout/rounds"] = float(rounds)
+      metrics["rollout/informative_groups"] = float(
+          adv_lib.num_informative_groups(has_gradient, batch.group_ids))
       metrics["rollout/kept_samples"] = float(has_gradient.mean())
       keep = adv_lib.samples_to_train(has_gradient)
-      samples = {k: v[keep] for k, v in samples.items()}
+      samples = {k: getattr(batch, k)[keep] for k in samples}
       adv, returns = adv[keep], returns[keep]
     # Packed rows for everything that runs the model; the unpacked [N, T] view for
     # the per-sample advantage computation (rollx.trainer.packing).

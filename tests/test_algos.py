@@ -171,6 +171,9 @@ def test_dropping_zero_advantage_samples_whitens_over_the_kept_ones():
   np.testing.assert_array_equal(adv_lib.informative(adv), [True] * 4 + [False] * 4)
   np.testing.assert_array_equal(adv[4:], 0.0)
   np.testing.assert_array_equal(adv_lib.samples_to_train(adv_lib.informative(adv)), [0, 1, 2, 3])
+  # dynamic sampling counts groups, not samples: group 0 only
+  assert adv_lib.num_informative_groups(adv_lib.informative(adv), inputs["group_ids"]) == 1
+  assert adv_lib.num_informative_groups(np.zeros(8, bool), inputs["group_ids"]) == 0
   # nothing to learn from anywhere: everything trains (KL loss), not an empty batch
   np.testing.assert_array_equal(adv_lib.samples_to_train(np.zeros(5, bool)), range(5))
   raw = np.array([0.75, -0.25, -0.25, -0.25])[:, None] * mask[:4]  # centred scores

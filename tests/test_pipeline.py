@@ -79,7 +79,10 @@ def tb_scalars(logs):
 
 
 def test_train_three_steps_end_to_end(tmp_path):
-  out, result = train(tmp_path, "--config.max_steps=3")
+  # dynamic sampling asked for more informative groups (3) than a batch's 2 groups can
+  # give: every step plays a second batch, and trains on both
+  out, result = train(tmp_path, "--config.max_steps=3", "--config.min_informative_groups=3",
+                      "--config.max_rollout_rounds=2")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "step 3/3" in result.stdout
   # checkpoints at step 2 and at the end
@@ -91,6 +94,9 @@ def test_train_three_steps_end_to_end(tmp_path):
   assert sorted(scalars["rollout/kept_samples"]) == [0, 1, 2]
   assert all(0 <= v <= 1 for v in scalars["rollout/kept_samples"].values())
   assert all(v < 0 for v in scalars["rollout/min_token_logp"].values())
+  assert scalars["rollout/rounds"] == {0: 2.0, 1: 2.0, 2: 2.0}
+  assert scalars["FrozenLake/num_episodes"] == {0: 32.0, 1: 32.0, 2: 32.0}
+  assert all(0 <= v <= 4 for v in scalars["rollout/informative_groups"].values())
   # the config bounds each actor update's KL (max_update_kl): the search ran every step
   assert sorted(scalars["actor/update_scale"]) == [0, 1, 2]
   assert all(0 <= v <= 1 for v in scalars["actor/update_scale"].values())

@@ -228,6 +228,11 @@ def informative(adv_nt: jax.Array) -> jax.Array:
   return jnp.any(adv_nt != 0, axis=1)
 
 
+def num_informative_groups(has_gradient_n, group_ids_n) -> int:
+  """How many groups have a sample with a policy gradient (dynamic sampling's count)."""
+  return len(np.unique(np.asarray(group_ids_n)[np.asarray(has_gradient_n)]))
+
+
 def samples_to_train(has_gradient_n) -> np.ndarray:
   """Indices of the samples the actor trains on under `drop_zero_advantage_samples`:
   those with a policy gradient (`informative`), or all of them where none has one,
