@@ -273,3 +273,52 @@ def test_adaptive_kl_controller_by_hand():
   assert c.update(1.1, 10) == pytest.approx(0.1 * (1 + 0.1 * 10 / 100))
   fixed = kl_lib.KLController(coef=0.3)
   assert fixed.update(5.0, 10) == 0.3
+
+
+@pytest.mark.parametrize("estimator,grouping,method", [
+    ("grpo", "batch", "mean_std"), ("grpo", "tags", "mean"), ("gae", "traj_group_id", "mean_std"),
+    ("reinforce", "traj_group_id", "mean"), ("gigpo", "traj_group_id", "mean_std"),
+    ("gigpo", "traj_group_id", "mean")])
+def test_padding_rows_to_a_bucket_changes_no_advantage(estimator, grouping, method):
+  # compute_advantages pads every batch (rows to a power of two) so that eager ops
+  # compile once; padding rows must count in no group, episode, anchor or whitening.
+  # Reference: the estimator on the unpadded step-wise rows, same view, no padding.
+  rng = np.random.default_rng(3)
+  steps = rng.integers(1, 5, 14)  # 14 episodes of 1-4 steps, in 3 groups, 2 tags
+  n, t = int(steps.sum()), 6  # one row per step: not a power of two
+  assert n & (n - 1)
+  episode_ids = np.repeat(np.arange(14), steps)
+  step_index = np.concatenate([np.arange(s) for s in steps])
+  mask = np.zeros((n, t), np.float32)
+  mask[:, 2:2 + 3] = 1
+  mask[::4, 4] = 0  # unequal response lengths
+  inputs = {"response_mask": mask, "scores": rng.normal(size=n).astype(np.float32),
+            "episode_scores": rng.integers(0, 2, 14).astype(np.float32)[episode_ids],
+            "group_ids": (episode_ids % 3).astype(np.int32), "tag_ids": (episode_ids % 2).astype(np.int32),
+            "episode_ids": episode_ids.astype(np.int32), "step_index": step_index.astype(np.int32),
+            "anchor_ids": rng.integers(0, 9, n).astype(np.int32),
+            "token_kl": np.zeros((n, t), np.float32),
+            "values": rng.normal(size=(n, t)).astype(np.float32)}
+  config = cfg(adv_estimator=estimator, whiten_advantages=True)
+  config.reward_normalization.grouping = grouping
+  config.reward_normalization.method = method
+  got_adv, got_ret = adv_lib.compute_advantages({k: jnp.asarray(v) for k, v in inputs.items()},
+                                                config)
+  assert got_adv.shape == (n, t)
+  raw = {"gae": adv_lib.gae, "grpo": adv_lib.grpo, "reinforce": adv_lib.reinforce}
+  view = adv_lib.episode_view(inputs)
+  if estimator == "gigpo":
+    want_adv, want_ret = adv_lib.gigpo({k: jnp.asarray(v) for k, v in inputs.items()}, config)
+  else:  # the same episode view, the estimator unpadded
+    episodes = {"response_mask": view.to_episodes(mask), "token_kl": view.to_episodes(mask * 0),
+                "scores": view.per_episode(inputs["episode_scores"]),
+                "values": view.to_episodes(inputs["values"])}
+    for key in ("group_ids", "tag_ids"):
+      episodes[key] = jnp.asarray(np.unique(np.asarray(view.per_episode(inputs[key])),
+                                            return_inverse=True)[1].astype(np.int32))
+    a, r = raw[estimator](episodes, config)
+    want_adv, want_ret = view.to_rows(a), view.to_rows(r)
+  want_adv = np.asarray(want_adv) * mask
+  want_adv = (want_adv - want_adv[mask > 0].mean()) / (want_adv[mask > 0].std() + adv_lib.EPS) * mask
+  np.testing.assert_allclose(got_adv, want_adv, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got_ret, want_ret, rtol=1e-5, atol=1e-6)
