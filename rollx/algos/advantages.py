@@ -23,8 +23,8 @@ arrays: compute_advantages runs eagerly once per step.
 
 Eager JAX compiles each op once per shape, and a step's sample count changes every
 step: rows (and episodes) are padded to a power of two (`pad_rows`: no response
-tokens, weight 0, ids of their own), so the compiled ops are reused (measured on a
-~600-row FrozenLake batch: 1.4 s per step recompiling, 4 ms with the shapes cached).
+tokens, weight 0, ids of their own), so the compiled ops are reused (bench/advantages.py,
+~700 step rows of varying count: GiGPO 1225 -> 60 ms per step, GRPO 181 -> 131 ms).
 """
 
 from __future__ import annotations
