@@ -165,7 +165,9 @@ def default_config() -> ml_collections.ConfigDict:
       # Dynamic sampling (with drop_zero_advantage_samples): while fewer than this many
       # groups of the step carry a policy gradient, another rollout_batch_size of episodes
       # is played and added, up to max_rollout_rounds batches per step. Late in training
-      # most groups all succeed, and the few left would make a noisy update. 0 = off.
+      # most groups all succeed, and the few left would make a noisy update. 0 = off;
+      # inactive (a warning at start) without drop_zero_advantage_samples, so that a
+      # config can switch that off (gae) without touching this.
       min_informative_groups=0,
       max_rollout_rounds=4,
       advantage_clip=config_dict.placeholder(float),  # |A| clip; None = off
@@ -337,11 +339,6 @@ def _ranges(c: _Checker, cfg):
                 and not cfg.use_kl_loss), "drop_zero_advantage_samples",
            "cannot be combined with a KL penalty in the reward (init_kl_coef > 0 without "
            "use_kl_loss): that penalty makes every advantage non-zero")
-  if _is_int(cfg.min_informative_groups) and cfg.min_informative_groups > 0:
-    # informative groups are counted from advantages taken before the model runs
-    c.rule(cfg.drop_zero_advantage_samples is True, "min_informative_groups",
-           "needs drop_zero_advantage_samples=True (groups are counted by their "
-           "non-zero advantages, taken before log-probs)")
   c.choice(cfg, "loss_agg_mode", "loss_agg_mode", LOSS_AGG_MODES)
   c.choice(cfg, "kl_loss_type", "kl_loss_type", KL_ESTIMATORS)
   if isinstance(cfg.reward_normalization, (ml_collections.ConfigDict, dict)):

@@ -89,6 +89,10 @@ class AgenticPipeline:
       ray.init(include_dashboard=False, log_to_driver=False, namespace="rollx")
     self.kl_on = c.init_kl_coef > 0 or c.use_kl_loss
     self.use_critic = c.adv_estimator == "gae"
+    if c.min_informative_groups > 0 and not c.drop_zero_advantage_samples:
+      logging.warning("min_informative_groups=%d is inactive: dynamic sampling counts groups "
+                      "by advantages taken before the model runs, which needs "
+                      "drop_zero_advantage_samples=True", c.min_informative_groups)
     at = c.actor_train
     policy = models.load_model(c.pretrain)
     self.tokenizer = hf.load_tokenizer(policy.model_dir)
