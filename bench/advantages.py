@@ -7,7 +7,7 @@ rows), and eager JAX compiles each op once per shape. Both sides compute the sam
 advantages on the same sequence of batches in the same process (checked equal):
 - rollx: `compute_advantages`, rows padded to a power of two (compiled ops reused);
 - baseline: the estimator on the exact shapes (the pre-bucketing path: the same
-  episode view, the unpadded estimator, whitening).
+  episode view, `on_episodes(..., shape_stable=False)`, whitening).
 Prints ms per step for each and the ratio, after one warm-up batch each.
 """
 
@@ -49,24 +49,12 @@ def frozenlake_like_batch(rng, episodes: int = 128, width: int = 160):
 
 def exact_shapes(inputs, config):
   """The estimator on the batch as it is (no padding), then whitening."""
-  raw = {"gae": adv_lib.gae, "grpo": adv_lib.grpo, "reinforce": adv_lib.reinforce}
-  mask = jnp.asarray(inputs["response_mask"])
-  if config.adv_estimator == "gigpo":
-    adv, _ = adv_lib.gigpo({k: jnp.asarray(v) for k, v in inputs.items()}, config)
-  else:
-    view = adv_lib.episode_view(inputs)
-    episodes = {"response_mask": view.to_episodes(inputs["response_mask"]),
-                "token_kl": view.to_episodes(inputs["token_kl"]),
-                "values": view.to_episodes(inputs["values"]),
-                "scores": view.per_episode(inputs["episode_scores"])}
-    for key in ("group_ids", "tag_ids"):
-      episodes[key] = jnp.asarray(np.unique(np.asarray(view.per_episode(inputs[key])),
-                                            return_inverse=True)[1].astype(np.int32))
-    adv = view.to_rows(raw[config.adv_estimator](episodes, config)[0])
-  count = jnp.maximum(mask.sum(), 1.0)
-  mean = (adv * mask).sum() / count
-  std = jnp.sqrt((((adv - mean) * mask) ** 2).sum() / count)
-  return (adv - mean) / (std + adv_lib.EPS) * mask
+  estimator = {"gae": adv_lib.gae, "grpo": adv_lib.grpo, "reinforce": adv_lib.reinforce,
+               "gigpo": adv_lib.gigpo}[config.adv_estimator]
+  if config.adv_estimator != "gigpo":  # step rows -> episodes, as in ADVANTAGES
+    estimator = adv_lib.on_episodes(estimator, shape_stable=False)
+  adv, _ = estimator({k: jnp.asarray(v) for k, v in inputs.items()}, config)
+  return adv_lib.whiten(adv, jnp.asarray(inputs["response_mask"]))
 
 
 def main():

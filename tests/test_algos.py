@@ -305,19 +305,11 @@ def test_padding_rows_to_a_bucket_changes_no_advantage(estimator, grouping, meth
   got_adv, got_ret = adv_lib.compute_advantages({k: jnp.asarray(v) for k, v in inputs.items()},
                                                 config)
   assert got_adv.shape == (n, t)
-  raw = {"gae": adv_lib.gae, "grpo": adv_lib.grpo, "reinforce": adv_lib.reinforce}
-  view = adv_lib.episode_view(inputs)
-  if estimator == "gigpo":
-    want_adv, want_ret = adv_lib.gigpo({k: jnp.asarray(v) for k, v in inputs.items()}, config)
-  else:  # the same episode view, the estimator unpadded
-    episodes = {"response_mask": view.to_episodes(mask), "token_kl": view.to_episodes(mask * 0),
-                "scores": view.per_episode(inputs["episode_scores"]),
-                "values": view.to_episodes(inputs["values"])}
-    for key in ("group_ids", "tag_ids"):
-      episodes[key] = jnp.asarray(np.unique(np.asarray(view.per_episode(inputs[key])),
-                                            return_inverse=True)[1].astype(np.int32))
-    a, r = raw[estimator](episodes, config)
-    want_adv, want_ret = view.to_rows(a), view.to_rows(r)
+  raw = {"gae": adv_lib.gae, "grpo": adv_lib.grpo, "reinforce": adv_lib.reinforce,
+         "gigpo": adv_lib.gigpo}[estimator]
+  if estimator != "gigpo":  # the same episode view, the estimator unpadded
+    raw = adv_lib.on_episodes(raw, shape_stable=False)
+  want_adv, want_ret = raw({k: jnp.asarray(v) for k, v in inputs.items()}, config)
   want_adv = np.asarray(want_adv) * mask
   want_adv = (want_adv - want_adv[mask > 0].mean()) / (want_adv[mask > 0].std() + adv_lib.EPS) * mask
   np.testing.assert_allclose(got_adv, want_adv, rtol=1e-5, atol=1e-5)
