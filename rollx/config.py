@@ -561,6 +561,21 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
+def inactive_settings(config: ml_collections.ConfigDict) -> List[str]:
+  """Warnings for valid settings that another key switches off (logged at start-up).
+
+  Not errors: a shipped config with one of these on must still load when a flag turns
+  the other key off (e.g. configs/frozenlake.py with drop_zero_advantage_samples=False
+  for gae).
+  """
+  out = []
+  if config.min_informative_groups > 0 and not config.drop_zero_advantage_samples:
+    out.append(f"min_informative_groups={config.min_informative_groups} is inactive: "
+               "dynamic sampling counts groups by advantages taken before the model runs, "
+               "which needs drop_zero_advantage_samples=True")
+  return out
+
+
 def groups_per_tag(manager: ml_collections.ConfigDict) -> Dict[str, int]:
   """How many env groups each tag gets: `num_groups_partition`, or an equal split
   (the remainder going to the first tags)."""

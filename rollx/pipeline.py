@@ -35,7 +35,7 @@ import ml_collections
 import numpy as np
 import ray
 
-from rollx import checkpoint, models, serve
+from rollx import checkpoint, config as rollx_config, models, serve
 from rollx.algos import advantages as adv_lib, kl as kl_lib, losses
 from rollx.models import hf, llm, logprobs
 from rollx.parallel import distributed, mesh as mesh_lib
@@ -89,10 +89,8 @@ class AgenticPipeline:
       ray.init(include_dashboard=False, log_to_driver=False, namespace="rollx")
     self.kl_on = c.init_kl_coef > 0 or c.use_kl_loss
     self.use_critic = c.adv_estimator == "gae"
-    if c.min_informative_groups > 0 and not c.drop_zero_advantage_samples:
-      logging.warning("min_informative_groups=%d is inactive: dynamic sampling counts groups "
-                      "by advantages taken before the model runs, which needs "
-                      "drop_zero_advantage_samples=True", c.min_informative_groups)
+    for warning in rollx_config.inactive_settings(c):
+      logging.warning("%s", warning)
     at = c.actor_train
     policy = models.load_model(c.pretrain)
     self.tokenizer = hf.load_tokenizer(policy.model_dir)

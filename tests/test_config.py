@@ -20,10 +20,34 @@ def errors_of(config):
   return dict(e.value.errors)
 
 
-@pytest.mark.parametrize("name", ["frozenlake", "sokoban"])
+@pytest.mark.parametrize("name", ["frozenlake", "sokoban", "simple_sokoban"])
 def test_shipped_configs_validate(name):
   config = config_lib.validate(load(name))
   assert config.custom_envs
+  assert config_lib.inactive_settings(config) == []
+
+
+def test_simple_sokoban_is_the_frozenlake_recipe_on_sokoban():
+  frozenlake, sokoban = load("frozenlake"), load("simple_sokoban")
+  assert list(sokoban.custom_envs) == ["SimpleSokoban"]
+  assert sokoban.custom_envs.SimpleSokoban.env_type == "Sokoban"
+  for manager in ("train_env_manager", "val_env_manager"):
+    assert sokoban[manager].tags == ("SimpleSokoban",)
+    assert sokoban[manager].env_manager_type == "step"
+  for key in ("adv_estimator", "kl_loss_coef", "max_update_kl", "min_informative_groups",
+              "drop_zero_advantage_samples", "rollout_batch_size", "val_batch_size"):
+    assert sokoban[key] == frozenlake[key], key
+
+
+def test_a_key_switched_off_by_another_is_warned_about():
+  config = load("frozenlake")
+  assert config.min_informative_groups > 0
+  config.drop_zero_advantage_samples = False  # as the README's gae command does
+  warnings = config_lib.inactive_settings(config_lib.validate(config))
+  assert len(warnings) == 1 and "min_informative_groups" in warnings[0]
+  assert "drop_zero_advantage_samples" in warnings[0]
+  config.min_informative_groups = 0
+  assert config_lib.inactive_settings(config) == []
 
 
 def test_schema_covers_the_seed_keys():
