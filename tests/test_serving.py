@@ -340,6 +340,67 @@ def test_compat_shim_is_needed_and_works():
   assert "survived [('boom', 'ZeroDivisionError: division by zero')]" in shimmed.stdout
 
 
+def test_generate_loop_survives_jetstreams_free_slot_race(monkeypatch):
+  """0.2.2's generate loop asserts a slot is busy right after the detokenize thread may
+  have freed the last one (two CI hangs). The shim restarts the loop when every slot is
+  free; token versions come from the engine's step count, which the restart keeps."""
+  from jetstream.core import orchestrator
+  real_loop = orchestrator.Driver._generate_thread
+  calls = []
+
+  def racy_loop(driver, idx):
+    calls.append(idx)
+    if len(calls) == 1:
+      engine = driver._generate_engines[idx]
+      state = engine.init_decode_state()
+      for _ in range(3):  # the engine has made steps the restarted loop never counts
+        state, _ = engine.generate(driver._generate_params[idx], state)
+      raise AssertionError(compat.SLOT_RACE)
+    return real_loop(driver, idx)
+
+  monkeypatch.setattr(orchestrator.Driver, "_generate_thread", racy_loop)
+  monkeypatch.setattr(compat, "RESTARTS", [])
+  params = make_params(0)
+  prompt = [3, 1, 4, 1, 5]
+  engine = RollxEngine(MODEL, params, max_concurrent_decodes=4, max_prefill_length=16,
+                       max_cache_length=64)
+  srv = RolloutServer(engine)
+  try:
+    client = RolloutClient([srv.address])
+    srv.update_params(jax.tree.map(lambda x: x + np.float32(0.01), params), 7)
+    gen = run(client.generate("r", prompt, 6, mode="val"))
+  finally:
+    srv.stop()
+  assert calls == [0, 0] and compat.RESTARTS == ["generate-0"]
+  assert not compat.DEAD_THREADS
+  assert len(gen.token_ids) == 6
+  # with the loop's own counter (0 after the restart) these would read version 0
+  assert gen.token_versions == [7] * 6 and engine.num_steps >= 3 + 5
+
+
+def test_slot_race_with_a_live_request_is_not_restarted():
+  import functools
+  import queue
+
+  class FakeDriver:
+    def __init__(self, free):
+      self._generate_slots = [queue.Queue()]
+      for i in range(free):
+        self._generate_slots[0].put(i)
+      self._generate_engines = [type("E", (), {"max_concurrent_decodes": 2})()]
+      self.target = functools.partial(self._generate_thread, 0)
+      self._generate_threads = [threading.Thread(target=self.target)]
+
+    def _generate_thread(self, idx):
+      raise AssertionError(compat.SLOT_RACE)
+
+  idle, busy = FakeDriver(2), FakeDriver(1)
+  assert compat._all_slots_free(idle._generate_threads[0], idle.target)
+  assert not compat._all_slots_free(busy._generate_threads[0], busy.target)  # a request is live
+  assert not compat._all_slots_free(threading.Thread(), idle.target)  # not a generate thread
+  assert not compat._all_slots_free(threading.Thread(), lambda: None)
+
+
 def test_jetthread_without_shim_kills_the_process():
   code = ("import jax; jax.tree_map = jax.tree.map\n"
           "from jetstream.core import orchestrator\n"

@@ -10,6 +10,15 @@
 3. Importing `jetstream.core.orchestrator` sets the root logger to DEBUG and adds
    a stdout handler, so every library's debug output (and a line per generate
    step) floods the console. We restore the root logger as it was.
+4. 0.2.2's generate thread has a race: it finds a slot busy, finds no new request,
+   then asserts that some slot is still busy; if the detokenize thread frees the
+   last busy slot in between (the last request finished), the assertion fails and
+   the thread dies. A one-server run then hangs with nothing to fail over to (seen
+   twice in CI: `get_batch` waited forever, the server's stderr had this assertion).
+   When the generate thread dies of that assertion with every slot free (so no
+   request is live on it and its decode state holds nothing), we start its loop
+   again: a fresh decode state, the same params holder. Versions stay right because
+   the engine counts its own generate steps (RollxEngine.insert), not the loop's.
 
 `apply()` is idempotent and must run before jetstream is imported by anything
 that executes a request. tests/test_serving.py fails if either patch stops being
@@ -26,6 +35,8 @@ import jax
 
 _APPLIED = False
 DEAD_THREADS: list = []  # (thread name, exception text), appended by the patched run
+RESTARTS: list = []  # names of generate threads restarted after the slot race (fix 4)
+SLOT_RACE = "At this point we must have some requests inserted into the slots."
 _lock = threading.Lock()
 
 
@@ -49,11 +60,33 @@ def apply() -> None:
         root.removeHandler(h)
 
     def run(self):
-      try:
-        threading.Thread.run(self)
-      except Exception as e:  # noqa: BLE001 - this is the crash handler
-        logging.error("JetStream thread %s died: %s\n%s", self.name, e, traceback.format_exc())
-        DEAD_THREADS.append((self.name, f"{type(e).__name__}: {e}"))
+      target, args, kwargs = self._target, self._args, self._kwargs
+      while True:
+        try:
+          if target is not None:
+            target(*args, **kwargs)
+          return
+        except Exception as e:  # noqa: BLE001 - this is the crash handler
+          if isinstance(e, AssertionError) and str(e) == SLOT_RACE and _all_slots_free(self, target):
+            logging.warning("JetStream thread %s hit 0.2.2's free-slot race with no request "
+                            "live; restarting its generate loop", self.name)
+            RESTARTS.append(self.name)
+            continue
+          logging.error("JetStream thread %s died: %s\n%s", self.name, e, traceback.format_exc())
+          DEAD_THREADS.append((self.name, f"{type(e).__name__}: {e}"))
+          return
 
     orchestrator.JetThread.run = run
     _APPLIED = True
+
+
+def _all_slots_free(thread, target) -> bool:
+  """Whether `thread` is one of a Driver's generate threads (its target the Driver's
+  loop for engine `idx`) and every decode slot of that engine is free."""
+  driver = getattr(getattr(target, "func", None), "__self__", None)
+  if thread not in getattr(driver, "_generate_threads", ()):
+    return False
+  idx = target.args[0]
+  slots = driver._generate_slots[idx]  # pylint: disable=protected-access
+  engine = driver._generate_engines[idx]  # pylint: disable=protected-access
+  return slots.qsize() == engine.max_concurrent_decodes

@@ -190,6 +190,7 @@ class RollxEngine(engine_api.Engine):
     self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
     self.sampling = dict(sampling or {"train": Sampling(), "val": Sampling(temperature=0.0)})
     self._hf_tokenizer, self._pad_id, self._seed = hf_tokenizer, int(pad_id), seed
+    self._decode_inits = 0  # init_decode_state calls (a restarted loop gets new draws)
     # Version of every generate step, stored as change points (first step, version):
     # versions change once per weight sync, steps run forever.
     self.num_steps = 0
@@ -270,6 +271,11 @@ class RollxEngine(engine_api.Engine):
   def insert(self, prefix: Prefix, decode_state: SlotState, slot: int) -> SlotState:
     request = prefix.request
     sampling = getattr(request, "sampling", None) or self.sampling["train"]
+    if request is not None:
+      # The engine's own step count, not the orchestrator loop's `generate_timestep`,
+      # which restarts at 0 when compat restarts a generate loop: the next generate
+      # step makes this request's first token.
+      request.first_step = self.num_steps
     return self._insert(decode_state, prefix.cache, prefix.logits,
                         jnp.asarray(prefix.true_length, jnp.int32), jnp.asarray(slot, jnp.int32),
                         jnp.float32(sampling.temperature), jnp.float32(sampling.top_p),
@@ -298,6 +304,12 @@ class RollxEngine(engine_api.Engine):
   def build_tokenizer(self, metadata) -> TokenIdsTokenizer:
     return TokenIdsTokenizer(self._hf_tokenizer, self._pad_id)
 
+  def _decode_rng(self) -> jax.Array:
+    # a restarted generate loop (compat fix 4) must not replay the first loop's draws
+    self._decode_inits += 1
+    key = jax.random.PRNGKey(self._seed)
+    return key if self._decode_inits == 1 else jax.random.fold_in(key, self._decode_inits)
+
   def init_decode_state(self, *args, **kwargs) -> SlotState:
     cfg, s = self.config, self._slots
     f32 = lambda *shape: jnp.zeros(shape, jnp.float32)
@@ -306,7 +318,7 @@ class RollxEngine(engine_api.Engine):
         logits=f32(s, cfg.vocab_size), pos=jnp.zeros((s,), jnp.int32),
         lengths=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
         temperature=jnp.ones((s,), jnp.float32), top_p=jnp.ones((s,), jnp.float32),
-        top_k=jnp.zeros((s,), jnp.int32), rng=jax.random.PRNGKey(self._seed))
+        top_k=jnp.zeros((s,), jnp.int32), rng=self._decode_rng())
     # Replicated over the server's mesh: slots live with the (tensor-sharded) weights.
     return jax.device_put(state, NamedSharding(self._mesh, P()))
 

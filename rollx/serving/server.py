@@ -56,6 +56,7 @@ class RollxRequest(orchestrator.ActiveRequest):
   request_id: str = ""
   sampling: Optional[Sampling] = None
   prefill_version: Optional[int] = None
+  first_step: Optional[int] = None  # the engine's generate step that makes its first token
   aborted: bool = False
 
   def __setattr__(self, name, value):
@@ -126,7 +127,7 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
                 samples=[jetstream_pb2.DecodeResponse.StreamContent.Sample(token_ids=ids)]))
     finally:
       self.in_flight.pop(id(active), None)
-    versions = self._engine.versions_of(active.generate_timestep_added, num_tokens)
+    versions = self._engine.versions_of(active.first_step, num_tokens)
     context.set_trailing_metadata((
         (VERSIONS_KEY, ",".join(map(str, versions))),
         (PREFILL_VERSION_KEY, str(active.prefill_version)),
