@@ -342,7 +342,7 @@ def test_compat_shim_is_needed_and_works():
 
 def test_generate_loop_survives_jetstreams_free_slot_race(monkeypatch):
   """0.2.2's generate loop asserts a slot is busy right after the detokenize thread may
-  have freed the last one (two CI hangs). The shim restarts the loop when every slot is
+  have freed the last one (a CI hang). The shim restarts the loop when every slot is
   free; token versions come from the engine's step count, which the restart keeps."""
   from jetstream.core import orchestrator
   real_loop = orchestrator.Driver._generate_thread
