@@ -24,7 +24,6 @@ conversations of random valid moves (rollx.models.warm_start); a step-wise sampl
 conversation's first turn with a later board.
 """
 
-import importlib.util
 import os
 
 from envs import sokoban
@@ -32,16 +31,9 @@ from rollx import config as rollx_config
 from rollx.rollout import prompts
 
 
-def _frozenlake_config():
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "frozenlake.py")
-  spec = importlib.util.spec_from_file_location("rollx_configs_frozenlake", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
-
 def get_config():
-  config = _frozenlake_config()
+  config = rollx_config.load_file(
+      os.path.join(os.path.dirname(os.path.abspath(__file__)), "frozenlake.py"))
   config.exp_name = "simple_sokoban_grpo"
   config.max_steps = 400
   # a sample is the instructions + a 6x6 board (~70 tokens) + a 4-token answer

@@ -15,6 +15,7 @@ overrides such as `--config.pretrain=/path/to/hf_dir` know their type.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -559,6 +560,16 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if isinstance(config.resume_from_checkpoint, bool):
     config.resume_from_checkpoint = "true" if config.resume_from_checkpoint else ""
   return config
+
+
+def load_file(path: str) -> ml_collections.ConfigDict:
+  """`get_config()` of the config file at `path` (what --config=path loads, unvalidated):
+  for a config built on another (configs/simple_sokoban.py) and for tests."""
+  name = "rollx_config_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def inactive_settings(config: ml_collections.ConfigDict) -> List[str]:

@@ -1,4 +1,3 @@
-import importlib.util
 import os
 
 import pytest
@@ -8,10 +7,7 @@ from tests.conftest import ROOT
 
 
 def load(name):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return config_lib.load_file(os.path.join(ROOT, "configs", f"{name}.py"))
 
 
 def errors_of(config):

@@ -368,7 +368,8 @@ def test_generate_loop_survives_jetstreams_free_slot_race(monkeypatch):
   try:
     client = RolloutClient([srv.address])
     srv.update_params(jax.tree.map(lambda x: x + np.float32(0.01), params), 7)
-    gen = run(client.generate("r", prompt, 6, mode="val"))
+    # without the restart the loop stays dead: fail in 60 s, do not hang the suite
+    gen = run(asyncio.wait_for(client.generate("r", prompt, 6, mode="val"), 60))
   finally:
     srv.stop()
   assert calls == [0, 0] and compat.RESTARTS == ["generate-0"]
