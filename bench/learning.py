@@ -99,6 +99,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from rollx import hostmem
+  hostmem.reexec_with_tuned_malloc()  # as rollx.train does
   # flags only when run as a script (tests import learning_curve)
   flags.DEFINE_float("minutes", 30.0, "wall-clock budget, startup included")
   flags.DEFINE_integer("seed", None, "overrides config.seed")

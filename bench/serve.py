@@ -1,6 +1,7 @@
 """Rollout serving throughput: the rollx JetStream server vs. transformers' batched generate.
 
     python bench/serve.py [--requests 256 --max-new-tokens 32 --slots 64]
+    python bench/serve.py --workload rollout [--chains 128 --turns 5]
 
 Same model (the shipped default, or --pretrain DIR), same machine, one process:
 - rollx: an in-process RolloutServer (JetStream Driver + gRPC on loopback), all
@@ -12,6 +13,13 @@ Prompts have mixed lengths (8..200 tokens); every request generates exactly
 `--max-new-tokens` tokens (no stop ids) so both sides produce the same token count.
 Prints generated tokens/s for both and the ratio. On a GPU it also prints the
 decode-step time against the memory-bandwidth floor (params + KV bytes / bandwidth).
+
+`--workload rollout` is the agentic shape instead (FrozenLake's): `--chains`
+episodes, each `--turns` requests of a 32-token prompt and 5 new tokens, a chain
+sending its next request when its previous answer is back (rollx: all chains at
+once, no barrier; transformers: every chain's turn t as one batch). What sets the
+rate here is the per-request path (queueing, prefill, one short answer), not the
+decode step.
 """
 
 import argparse
@@ -27,6 +35,7 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rollx import models  # noqa: E402
+from rollx.config import PREFILL_BUCKETS  # noqa: E402
 from rollx.serving.client import RolloutClient  # noqa: E402
 from rollx.serving.engine import RollxEngine, Sampling  # noqa: E402
 from rollx.serving.server import RolloutServer  # noqa: E402
@@ -38,17 +47,29 @@ def main():
   p.add_argument("--requests", type=int, default=256)
   p.add_argument("--max-new-tokens", type=int, default=32)
   p.add_argument("--slots", type=int, default=64)
+  p.add_argument("--workload", choices=("decode", "rollout"), default="decode")
+  p.add_argument("--chains", type=int, default=128)
+  p.add_argument("--turns", type=int, default=5)
   args = p.parse_args()
   loaded = models.load_model(args.pretrain)
   rng = np.random.default_rng(0)
   vocab = loaded.config.vocab_size
-  prompts = [rng.integers(3, vocab, rng.integers(8, 201)).tolist() for _ in range(args.requests)]
-  n_new = args.max_new_tokens
-  total = args.requests * n_new
+  if args.workload == "rollout":
+    n_new = 5
+    chains = [[rng.integers(3, vocab, 32).tolist() for _ in range(args.turns)]
+              for _ in range(args.chains)]
+    prompts = [chain[t] for t in range(args.turns) for chain in chains]  # turn-major batches
+  else:
+    n_new = args.max_new_tokens
+    prompts = [rng.integers(3, vocab, rng.integers(8, 201)).tolist()
+               for _ in range(args.requests)]
+  total = len(prompts) * n_new
 
   engine = RollxEngine(loaded.model, loaded.params, max_concurrent_decodes=args.slots,
                        max_prefill_length=256, max_cache_length=256 + n_new,
                        sampling={"train": Sampling(0.0), "val": Sampling(0.0)})
+  # compiles are not timed
+  engine.warmup((32,) if args.workload == "rollout" else PREFILL_BUCKETS[:PREFILL_BUCKETS.index(256) + 1])
   server = RolloutServer(engine)
 
   async def serve_all(batch):
@@ -57,9 +78,18 @@ def main():
     await client.close()
     return out
 
-  asyncio.run(serve_all([[1] * n for n in (8, 20, 40, 100, 200)] * 4))  # compile every bucket
+  async def serve_chains():
+    client = RolloutClient([server.address])
+
+    async def chain(i, turns):
+      return [await client.generate(f"c{i}t{t}", pr, n_new) for t, pr in enumerate(turns)]
+
+    out = await asyncio.gather(*(chain(i, turns) for i, turns in enumerate(chains)))
+    await client.close()
+    return [r for rs in out for r in rs]
+
   start = time.perf_counter()
-  results = asyncio.run(serve_all(prompts))
+  results = asyncio.run(serve_chains() if args.workload == "rollout" else serve_all(prompts))
   rollx_s = time.perf_counter() - start
   assert sum(len(r.token_ids) for r in results) == total
   server.stop()
@@ -80,13 +110,16 @@ def main():
 
   hf_generate(prompts[:2])
   start = time.perf_counter()
-  made = sum(hf_generate(prompts[i:i + args.slots]) * len(prompts[i:i + args.slots])
-             for i in range(0, len(prompts), args.slots))
+  batch = args.chains if args.workload == "rollout" else args.slots
+  made = sum(hf_generate(prompts[i:i + batch]) * len(prompts[i:i + batch])
+             for i in range(0, len(prompts), batch))
   hf_s = time.perf_counter() - start
   assert made == total
   device = jax.devices()[0]
-  print(f"{device.device_kind}: {args.requests} requests, prompts 8..200 tokens, {n_new} new "
-        f"tokens each, {args.slots} slots: rollx server {total / rollx_s:.0f} tok/s, "
+  shape = (f"{args.chains} chains x {args.turns} turns, 32-token prompts"
+           if args.workload == "rollout" else f"{args.requests} requests, prompts 8..200 tokens")
+  print(f"{device.device_kind}: {shape}, {n_new} new tokens each, {args.slots} slots: "
+        f"rollx server {total / rollx_s:.0f} tok/s ({len(prompts) / rollx_s:.0f} requests/s), "
         f"transformers generate {total / hf_s:.0f} tok/s, ratio {hf_s / rollx_s:.2f}x")
   if device.platform == "gpu":
     params_bytes = sum(x.nbytes for x in jax.tree.leaves(loaded.params))

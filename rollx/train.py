@@ -3,7 +3,8 @@
 Parses flags, validates the config once (a bad key or value exits with one line
 naming it), joins the other hosts' processes when the environment says there are
 several (rollx.parallel.distributed; launch/ sets ROLLX_*), connects to a running
-Ray cluster when `ray_address` is set, and runs the AgenticPipeline.
+Ray cluster when `ray_address` is set, and runs the AgenticPipeline. It first
+re-executes itself once with glibc's malloc tuned for XLA:CPU (rollx.hostmem).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import List
 from absl import app, flags, logging
 import ml_collections
 
-from rollx import cli
+from rollx import cli, hostmem
 
 def run(config: ml_collections.ConfigDict):
   """The agentic RL loop (rollx.pipeline.AgenticPipeline) until config.max_steps."""
@@ -45,4 +46,5 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
+  hostmem.reexec_with_tuned_malloc()  # glibc reads its malloc settings at start only
   app.run(main, flags_parser=cli.parse_flags)

@@ -110,6 +110,10 @@ def test_update_params_switches_weights_and_health_never_drops(server):
   assert health_calls[0] > 0 and not health_failures
 
 
+async def _drain(call):
+  return [response async for response in call]
+
+
 def test_abort_in_flight_at_weight_sync(server, monkeypatch):
   prompt = prompts(1, seed=4, lo=5, hi=6)[0]
   stub_request = jetstream_pb2.DecodeRequest(
@@ -126,17 +130,23 @@ def test_abort_in_flight_at_weight_sync(server, monkeypatch):
 
   monkeypatch.setattr(server.engine, "generate", gated_generate)
 
+  def generating(request_count=1):
+    """The request(s) in flight have made at least one token (the server sends the
+    response in one message at the end, so the stream cannot tell)."""
+    live = list(server.servicer.in_flight.values())
+    return (len(live) == request_count and live[0].first_step is not None
+            and server.engine.num_steps > live[0].first_step)
+
   async def go():
     async with grpc.aio.insecure_channel(server.address) as channel:
       call = jetstream_pb2_grpc.OrchestratorStub(channel).Decode(stub_request)
-      got = 0
-      async for _ in call:
-        got += 1
-        if got == 1:
-          running.clear()
-          assert server.update_params(make_params(7), 7, abort_in_flight=True) == 1
-          running.set()
-      return got
+      responses = asyncio.ensure_future(_drain(call))
+      while not generating():
+        await asyncio.sleep(0.001)
+      running.clear()
+      assert server.update_params(make_params(7), 7, abort_in_flight=True) == 1
+      running.set()
+      return await responses
 
   with pytest.raises(grpc.aio.AioRpcError) as e:
     run(go())
@@ -145,7 +155,7 @@ def test_abort_in_flight_at_weight_sync(server, monkeypatch):
   async def via_client():
     client = RolloutClient([server.address])
     task = asyncio.ensure_future(client.generate("inflight", prompt, 1000, mode="val"))
-    while not server.servicer.in_flight or not server.engine.num_steps:
+    while not generating():
       await asyncio.sleep(0.001)
     running.clear()
     assert server.update_params(make_params(8), 8, abort_in_flight=True) == 1

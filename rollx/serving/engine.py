@@ -4,16 +4,28 @@ The decode state holds `max_concurrent_decodes` slots: a KV cache
 `[L, slots, K, max_cache_length, hd]` (slot row s, position p at index p), the
 next-token logits of every slot, its write position, and its sampling settings.
 
-- `prefill` runs one prompt (padded by JetStream to a power-of-two bucket) and
-  returns its KV cache and the logits after its last real token. In 0.2.2 prefill
-  emits no token: the first token is sampled by the next `generate`.
-- `insert` copies a prefix into a slot and sets the slot's sampling settings
-  (train or validation: requests of both kinds share the batch).
-- `generate` samples one token for every slot from its stored logits, then runs
-  one decode step with it (next logits, cache write). A sampled stop id is
-  returned as a normal token (trajectories must contain exactly what the model
-  produced, EOS included); the slot reports `valid = 0` from the next step on,
-  which ends the request in JetStream's detokenizer.
+- `prefill` takes one prompt (padded by JetStream to a power-of-two bucket) and
+  stages it: no model call yet. In 0.2.2 prefill emits no token anyway: the first
+  token comes from the next `generate`.
+- `insert` assigns a staged prompt to a slot with its sampling settings (train or
+  validation: requests of both kinds share the batch); host-side bookkeeping only.
+- `generate` first prefills every prompt inserted since the last step, in batches
+  of `prefill_batch` rows (their KV caches written into their slots, their last
+  logits stored), then samples one token for every slot from its stored logits and
+  runs one decode step with it (next logits, cache write). A sampled stop
+  id is returned as a normal token (trajectories must contain exactly what the
+  model produced, EOS included); the slot reports `valid = 0` from the next step
+  on, which ends the request in JetStream's detokenizer.
+
+Why prefill is deferred into `generate`: 0.2.2's Driver prefills one request per
+call on its prefill thread, hands it through a transfer thread (which waits for the
+prefill to finish) to the generate thread, one request at a time in interleaved
+mode, while the device also runs the (fixed-cost, all-slot) decode steps. With short
+multi-turn prompts that chain, not the model, set the rate: ~140 requests/s and
+~2-6 of 64 slots live on a 2-core CPU, every request queued ~0.2 s before its first
+token. Staged, the three threads only move Python objects and the newcomers of a
+step are prefilled together: 1.4-1.6x the requests/s on the rollout workload
+(`bench/serve.py --workload rollout`, README "Results").
 
 Weights: the engine serves a `VersionedParams` container. JetStream's driver
 threads bind their `params` argument once at start, so the container, not the
@@ -78,12 +90,19 @@ class VersionedParams:
 
 @dataclasses.dataclass
 class Prefix:
-  """A prefilled prompt. Plain Python (not a pytree) so request metadata can ride along."""
-  cache: llm.KVCache  # [L, 1, K, bucket, hd]
-  logits: jax.Array  # [V] after the last real token
+  """A staged prompt (the next `generate` prefills it). Plain Python, not a pytree,
+  so request metadata can ride along."""
+  tokens: np.ndarray  # [bucket] int32, padded by JetStream
   true_length: int
-  version: int
+  version: int  # weights current at staging; the prefill's own is set on the request
   request: Any = None  # set by the server (see server.RollxRequest)
+
+
+@dataclasses.dataclass
+class _Staged:
+  slot: int
+  prefix: Prefix
+  sampling: Sampling
 
 
 @jax.tree_util.register_dataclass
@@ -173,7 +192,7 @@ class RollxEngine(engine_api.Engine):
                max_concurrent_decodes: int = 32, max_prefill_length: int = 512,
                max_cache_length: int = 1024, stop_token_ids: Sequence[int] = (),
                sampling: Optional[dict] = None, hf_tokenizer=None, pad_id: int = 0,
-               mesh: Optional[Mesh] = None, seed: int = 0):
+               mesh: Optional[Mesh] = None, seed: int = 0, prefill_batch: int = 8):
     if max_prefill_length not in PREFILL_BUCKETS:
       raise ValueError(f"max_prefill_length={max_prefill_length} must be one of "
                        f"{PREFILL_BUCKETS} (JetStream's padding buckets)")
@@ -185,6 +204,7 @@ class RollxEngine(engine_api.Engine):
                               ("pipeline", "data", "fsdp", "tensor"))
     self.params_holder = VersionedParams(self._place(params), version)
     self._slots = int(max_concurrent_decodes)
+    self._prefill_batch = max(1, min(int(prefill_batch), self._slots))
     self._max_prefill = int(max_prefill_length)
     self.max_cache_length = int(max_cache_length)
     self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
@@ -198,22 +218,22 @@ class RollxEngine(engine_api.Engine):
     self._versions: List[int] = []
     stop = jnp.asarray(self.stop_token_ids or (-1,), jnp.int32)
 
-    def prefill_fn(params, tokens_1t, true_length):
-      logits, cache = llm.prefill(model, params, tokens_1t, true_length[None])
-      return logits[0], cache
-
-    def insert_fn(state: SlotState, cache, logits, true_length, slot, temp, top_p, top_k):
-      at = lambda a, x: a.at[slot].set(x)
-      upd = lambda full, part: jax.lax.dynamic_update_slice(
-          full, part.astype(full.dtype), (0, slot, 0, 0, 0))
+    def prefill_into_slots(params, state: SlotState, tokens_nt, true_length_n, slot_n, temp_n,
+                           top_p_n, top_k_n):
+      """Prefills n prompts at once into their slots; rows with slot >= slots are padding
+      (dropped by the scatters)."""
+      logits, cache = llm.prefill(model, params, tokens_nt, true_length_n)  # cache [L,n,K,T,hd]
+      t = tokens_nt.shape[1]
+      at = lambda a, x: a.at[slot_n].set(jnp.asarray(x).astype(a.dtype), mode="drop")
+      rows = lambda full, part: full.at[:, slot_n, :, :t].set(part.astype(full.dtype), mode="drop")
       return dataclasses.replace(
-          state, cache=llm.KVCache(upd(state.cache.k, cache.k), upd(state.cache.v, cache.v)),
-          logits=at(state.logits, logits), pos=at(state.pos, true_length),
+          state, cache=llm.KVCache(rows(state.cache.k, cache.k), rows(state.cache.v, cache.v)),
+          logits=at(state.logits, logits), pos=at(state.pos, true_length_n),
           lengths=at(state.lengths, 0), done=at(state.done, False),
-          temperature=at(state.temperature, temp), top_p=at(state.top_p, top_p),
-          top_k=at(state.top_k, top_k))
+          temperature=at(state.temperature, temp_n), top_p=at(state.top_p, top_p_n),
+          top_k=at(state.top_k, top_k_n))
 
-    def generate_fn(params, state: SlotState):
+    def generate_fn(params, state: SlotState, logp_totals):
       rng, key = jax.random.split(state.rng)
       tokens, logp = sample_tokens(state.logits, state.temperature, state.top_p, state.top_k, key)
       valid = ~state.done
@@ -228,12 +248,22 @@ class RollxEngine(engine_api.Engine):
       # Emitted tokens' log-probs (slots without a live request included: the
       # detokenizer, not the engine, knows which slots are live).
       stats = jnp.stack([jnp.sum(jnp.where(valid, logp, 0.0)), jnp.sum(valid).astype(jnp.float32)])
-      return new, data, stats
+      return new, data, logp_totals + stats
 
-    self._logp_totals = jnp.zeros((2,), jnp.float32)
-    self._prefill = jax.jit(prefill_fn)
-    self._insert = jax.jit(insert_fn, donate_argnums=0)
-    self._generate = jax.jit(generate_fn, donate_argnums=1)
+    # Every slot array is replicated over the server's mesh (the slots live with the
+    # tensor-sharded weights), pinned on outputs too: a fresh state and a step's output
+    # then hit the same compiled program (otherwise each variant compiles twice).
+    self._replicated = NamedSharding(self._mesh, P())
+    self._logp_totals = jax.device_put(jnp.zeros((2,), jnp.float32), self._replicated)
+    self._staged: List[_Staged] = []  # inserted since the last generate step
+    # Prefill and decode are separate programs: the decode step compiles once, the
+    # prefill once per prompt bucket, always `prefill_batch` rows (more newcomers take
+    # several calls, fewer are padded). A row-count variant per bucket would cost 1-5 s
+    # of compile each on a 2-core CPU, in every test that starts a server; a padded
+    # row costs little next to the per-call overhead at these sizes. `warmup` compiles
+    # ahead where a first-batch stall matters.
+    self._prefill = jax.jit(prefill_into_slots, donate_argnums=1, out_shardings=self._replicated)
+    self._generate = jax.jit(generate_fn, donate_argnums=1, out_shardings=self._replicated)
 
   # -- weights ---------------------------------------------------------------
   def _place(self, params):
@@ -263,10 +293,8 @@ class RollxEngine(engine_api.Engine):
               true_length: int) -> Prefix:
     if existing_prefix is not None:
       raise NotImplementedError("rollx serving has no prefix cache (existing_prefix)")
-    version, weights = params.get()
-    tokens = jnp.asarray(padded_tokens, jnp.int32)[None]
-    logits, cache = self._prefill(weights, tokens, jnp.asarray(true_length, jnp.int32))
-    return Prefix(cache=cache, logits=logits, true_length=int(true_length), version=version)
+    return Prefix(tokens=np.asarray(padded_tokens, np.int32), true_length=int(true_length),
+                  version=params.version)
 
   def insert(self, prefix: Prefix, decode_state: SlotState, slot: int) -> SlotState:
     request = prefix.request
@@ -274,17 +302,56 @@ class RollxEngine(engine_api.Engine):
     if request is not None:
       # The engine's own step count, not the orchestrator loop's `generate_timestep`,
       # which restarts at 0 when compat restarts a generate loop: the next generate
-      # step makes this request's first token.
+      # step prefills this request and makes its first token.
       request.first_step = self.num_steps
-    return self._insert(decode_state, prefix.cache, prefix.logits,
-                        jnp.asarray(prefix.true_length, jnp.int32), jnp.asarray(slot, jnp.int32),
-                        jnp.float32(sampling.temperature), jnp.float32(sampling.top_p),
-                        jnp.int32(sampling.top_k))
+    self._staged.append(_Staged(int(slot), prefix, sampling))
+    return decode_state
+
+  def warmup(self, prompt_buckets: Sequence[int]) -> None:
+    """Compiles the decode step and the prefill for these prompt buckets (JetStream
+    pads prompts to `PREFILL_BUCKETS`), on a scratch decode state."""
+    weights = self.params_holder.get()[1]
+    inits = self._decode_inits
+    state = self.init_decode_state()
+    self._decode_inits = inits  # the scratch state's draw is not a loop start
+    state, _, totals = self._generate(weights, state, self._logp_totals)
+    n = self._prefill_batch
+    for width in prompt_buckets:  # every row is padding (slot out of range): state unchanged
+      state = self._prefill(weights, state, np.zeros((n, width), np.int32),
+                            np.ones((n,), np.int32), np.full((n,), self._slots, np.int32),
+                            np.ones((n,), np.float32), np.ones((n,), np.float32),
+                            np.zeros((n,), np.int32))
+    jax.block_until_ready((state, totals))
+
+  def _chunk_arrays(self, chunk: Sequence[_Staged]):
+    """Staged prompts as `prefill_batch` padded numpy rows (numpy, not jnp: an eager jnp
+    op is a dispatch of its own, queued behind the running step)."""
+    n = self._prefill_batch
+    width = max(len(s.prefix.tokens) for s in chunk)
+    tokens = np.full((n, width), self._pad_id, np.int32)
+    true_length = np.ones((n,), np.int32)
+    slot = np.full((n,), self._slots, np.int32)  # out of range: padding rows are dropped
+    temp, top_p, top_k = np.ones((n,), np.float32), np.ones((n,), np.float32), np.zeros((n,), np.int32)
+    for i, s in enumerate(chunk):
+      tokens[i, :len(s.prefix.tokens)] = s.prefix.tokens
+      true_length[i], slot[i] = s.prefix.true_length, s.slot
+      temp[i], top_p[i], top_k[i] = s.sampling.temperature, s.sampling.top_p, s.sampling.top_k
+    return tokens, true_length, slot, temp, top_p, top_k
 
   def generate(self, params: VersionedParams, decode_state: SlotState):
     version, weights = params.get()
-    decode_state, data, stats = self._generate(weights, decode_state)
-    self._logp_totals = self._logp_totals + stats
+    staged, self._staged = self._staged, []
+    # Same-bucket prompts share a chunk (JetStream pads each to its bucket).
+    staged.sort(key=lambda s: len(s.prefix.tokens))
+    for i in range(0, len(staged), self._prefill_batch):
+      decode_state = self._prefill(weights, decode_state,
+                                   *self._chunk_arrays(staged[i:i + self._prefill_batch]))
+    # the running totals go through the jitted step: an eager add here cost ~1 ms a step
+    decode_state, data, self._logp_totals = self._generate(weights, decode_state,
+                                                           self._logp_totals)
+    for s in staged:  # the weights that prefilled it, not those current at staging
+      if s.prefix.request is not None:
+        s.prefix.request.prefill_version = version
     if not self._versions or self._versions[-1] != version:
       self._version_starts.append(self.num_steps)
       self._versions.append(version)
@@ -319,8 +386,7 @@ class RollxEngine(engine_api.Engine):
         lengths=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
         temperature=jnp.ones((s,), jnp.float32), top_p=jnp.ones((s,), jnp.float32),
         top_k=jnp.zeros((s,), jnp.int32), rng=self._decode_rng())
-    # Replicated over the server's mesh: slots live with the (tensor-sharded) weights.
-    return jax.device_put(state, NamedSharding(self._mesh, P()))
+    return jax.device_put(state, self._replicated)
 
   @property
   def max_concurrent_decodes(self) -> int:

@@ -1,8 +1,9 @@
 """A JetStream server for a RollxEngine: JetStream's own Driver and gRPC Orchestrator service.
 
-Token ids in, token ids out (`DecodeRequest.token_content` -> streamed
-`DecodeResponse` samples): a trajectory must be trained on exactly the ids the
-model produced, so text never crosses this boundary.
+Token ids in, token ids out (`DecodeRequest.token_content` -> a `DecodeResponse`
+stream, one message holding the whole response: see ResponseChannel): a trajectory
+must be trained on exactly the ids the model produced, so text never crosses this
+boundary.
 
 What rollx adds around JetStream 0.2.2 (whose Decode has no fields for these):
 - request checks before anything is queued (empty prompt, id out of vocab, prompt
@@ -39,7 +40,6 @@ from rollx.serving.engine import RollxEngine, Sampling
 compat.apply()
 from jetstream.core import orchestrator  # noqa: E402
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # noqa: E402
-from jetstream.core.utils import async_multifuture  # noqa: E402
 
 # JetStream prepends BOS unless the request names a session cache; rollx prompts
 # are complete token sequences, so every request is marked this way.
@@ -64,6 +64,63 @@ class RollxRequest(orchestrator.ActiveRequest):
       value.request = self
       object.__setattr__(self, "prefill_version", value.version)
     object.__setattr__(self, name, value)
+
+
+class ResponseChannel:
+  """A request's return channel: what JetStream's detokenize thread writes each step's
+  samples to (the interface of 0.2.2's `AsyncMultifuture`), delivered to the Decode
+  coroutine once, when the request completes.
+
+  0.2.2's channel wakes the server's event loop for every token (a cross-thread call
+  per add_result) and its Decode sends a gRPC message per token. The env acts only on
+  the whole response, so rollx buffers the steps and sends one message: with ~5-token
+  answers at a few hundred requests/s, the per-token wake-ups and messages were a
+  large part of the server process's time under the GIL.
+  """
+
+  def __init__(self) -> None:
+    self._loop = asyncio.get_running_loop()
+    self._steps: list = []  # per generate step: [ReturnSample]
+    self._finished = self._loop.create_future()
+    self._cancelled = False
+
+  # -- the detokenize thread's side --------------------------------------------------
+  def add_result(self, samples) -> None:
+    self._steps.append(samples)  # list.append is atomic; read only after close()
+
+  def close(self) -> None:
+    self._finish(None)
+
+  def set_exception(self, exception: BaseException) -> None:
+    self._finish(exception)
+
+  # -- the gRPC side -------------------------------------------------------------------
+  def cancel(self, unused=None) -> None:
+    """The RPC ended (add_done_callback: also after a normal finish, then a no-op)."""
+    del unused
+    self._cancelled = True
+    self._finish(asyncio.CancelledError())
+
+  def cancelled(self) -> bool:
+    return self._cancelled
+
+  def done(self) -> bool:
+    return self._finished.done()
+
+  async def token_ids(self) -> list:
+    """Every generated id, in order, once the request is complete."""
+    await self._finished
+    return [t for samples in self._steps for t in samples[0].token_ids]
+
+  def _finish(self, error) -> None:
+    def resolve():
+      if self._finished.done():
+        return
+      if error is None:
+        self._finished.set_result(None)
+      else:
+        self._finished.set_exception(error)
+    self._loop.call_soon_threadsafe(resolve)
 
 
 class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
@@ -103,7 +160,7 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
       problem = f"metadata {SAMPLING_KEY}={mode!r} is not one of {sorted(self._engine.sampling)}"
     if problem is not None:
       await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-    channel = async_multifuture.AsyncMultifuture()
+    channel = ResponseChannel()
     context.add_done_callback(channel.cancel)
     active = RollxRequest(
         max_tokens=request.max_tokens, return_channel=channel, history_path=_NO_BOS,
@@ -117,16 +174,15 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
     except queue.Full:
       await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "prefill queue full; retry")
     self.in_flight[id(active)] = active
-    num_tokens = 0
     try:
-      async for samples in channel:
-        ids = list(samples[0].token_ids)
-        num_tokens += len(ids)
-        yield jetstream_pb2.DecodeResponse(
-            stream_content=jetstream_pb2.DecodeResponse.StreamContent(
-                samples=[jetstream_pb2.DecodeResponse.StreamContent.Sample(token_ids=ids)]))
+      ids = await channel.token_ids()
     finally:
       self.in_flight.pop(id(active), None)
+    num_tokens = len(ids)
+    if ids:
+      yield jetstream_pb2.DecodeResponse(
+          stream_content=jetstream_pb2.DecodeResponse.StreamContent(
+              samples=[jetstream_pb2.DecodeResponse.StreamContent.Sample(token_ids=ids)]))
     versions = self._engine.versions_of(active.first_step, num_tokens)
     context.set_trailing_metadata((
         (VERSIONS_KEY, ",".join(map(str, versions))),
