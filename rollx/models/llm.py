@@ -99,8 +99,8 @@ def dense(x: Array, w: Array, in_dims: int = 1) -> Array:
 
   Written as one 2-D matmul over flattened tokens: `[B*T, in] @ [in, out]`. As a
   3-D einsum ("btd,df->btf") XLA:CPU lays the weight gradient's operands out
-  transposed and copies them every layer: the same MLP stack's forward + backward
-  ran 1.5-2x slower (measured, 2-core CPU, bench/model.py).
+  transposed and copies them every layer (the policy's gradient step, 64 x 160
+  tokens on a 2-core CPU: 929 -> 761 ms; bench/model.py, README "Results").
   """
   lead, in_shape = x.shape[:x.ndim - in_dims], w.shape[:in_dims]
   out_shape = w.shape[in_dims:]
