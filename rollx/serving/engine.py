@@ -94,7 +94,6 @@ class Prefix:
   so request metadata can ride along."""
   tokens: np.ndarray  # [bucket] int32, padded by JetStream
   true_length: int
-  version: int  # weights current at staging; the prefill's own is set on the request
   request: Any = None  # set by the server (see server.RollxRequest)
 
 
@@ -293,8 +292,8 @@ class RollxEngine(engine_api.Engine):
               true_length: int) -> Prefix:
     if existing_prefix is not None:
       raise NotImplementedError("rollx serving has no prefix cache (existing_prefix)")
-    return Prefix(tokens=np.asarray(padded_tokens, np.int32), true_length=int(true_length),
-                  version=params.version)
+    del params  # the generate step that prefills it reads the weights then
+    return Prefix(tokens=np.asarray(padded_tokens, np.int32), true_length=int(true_length))
 
   def insert(self, prefix: Prefix, decode_state: SlotState, slot: int) -> SlotState:
     request = prefix.request

@@ -48,7 +48,8 @@ _NO_BOS = "rollx:no-bos"
 
 @dataclasses.dataclass
 class RollxRequest(orchestrator.ActiveRequest):
-  """An ActiveRequest that carries its sampling mode and records its prefill version.
+  """An ActiveRequest that carries its sampling mode; the engine records on it the step
+  and the weights version that prefilled it.
 
   JetStream's engine API passes `insert` only the prefill result, so the request
   attaches itself to its Prefix when the prefill thread stores it here.
@@ -62,13 +63,13 @@ class RollxRequest(orchestrator.ActiveRequest):
   def __setattr__(self, name, value):
     if name == "prefill_result" and value is not None and hasattr(value, "request"):
       value.request = self
-      object.__setattr__(self, "prefill_version", value.version)
     object.__setattr__(self, name, value)
 
 
 class ResponseChannel:
   """A request's return channel: what JetStream's detokenize thread writes each step's
-  samples to (the interface of 0.2.2's `AsyncMultifuture`), delivered to the Decode
+  samples to (the part of 0.2.2's `AsyncMultifuture` its threads use: add_result,
+close; Decode registers cancel), delivered to the Decode
   coroutine once, when the request completes.
 
   0.2.2's channel wakes the server's event loop for every token (a cross-thread call
@@ -82,7 +83,6 @@ class ResponseChannel:
     self._loop = asyncio.get_running_loop()
     self._steps: list = []  # per generate step: [ReturnSample]
     self._finished = self._loop.create_future()
-    self._cancelled = False
 
   # -- the detokenize thread's side --------------------------------------------------
   def add_result(self, samples) -> None:
@@ -91,21 +91,11 @@ class ResponseChannel:
   def close(self) -> None:
     self._finish(None)
 
-  def set_exception(self, exception: BaseException) -> None:
-    self._finish(exception)
-
   # -- the gRPC side -------------------------------------------------------------------
   def cancel(self, unused=None) -> None:
     """The RPC ended (add_done_callback: also after a normal finish, then a no-op)."""
     del unused
-    self._cancelled = True
     self._finish(asyncio.CancelledError())
-
-  def cancelled(self) -> bool:
-    return self._cancelled
-
-  def done(self) -> bool:
-    return self._finished.done()
 
   async def token_ids(self) -> list:
     """Every generated id, in order, once the request is complete."""
