@@ -50,7 +50,8 @@ from rollx.tracking import Tracker
 
 
 def _actor_loss(config, model, params, batch, rng):
-  logp, entropy = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"])
+  logp, entropy = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"],
+                                            batch.get("score_index"))
   mask, agg = batch["response_mask"], config.loss_agg_mode
   low = config.pg_clip_low if config.pg_clip_low is not None else config.pg_clip
   high = config.pg_clip_high if config.pg_clip_high is not None else config.pg_clip
@@ -68,7 +69,8 @@ def _actor_loss(config, model, params, batch, rng):
 
 
 def _actor_update_kl(model, params, batch):
-  logp, _ = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"])
+  logp, _ = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"],
+                                      batch.get("score_index"))
   return losses.approx_kl(logp, batch["old_logp"], batch["response_mask"])
 
 
@@ -285,15 +287,22 @@ class AgenticPipeline:
     arrays = {"input_ids": packing.pack(samples["input_ids"]),
               "segment_ids": packing.segment_ids(),
               "response_mask": packing.pack(samples["response_mask"])}
+    # every model pass below reads the response tokens only: the LM head runs there
+    score_index = packing_lib.score_positions(arrays["response_mask"])
+    if score_index is not None:
+      arrays["score_index"] = score_index
+    # one input structure for the old and reference passes: one compiled program
+    inputs = {k: arrays[k] for k in ("input_ids", "segment_ids", "score_index") if k in arrays}
     t = time.time()
     arrays["old_logp"] = self._chunked(self.actor.compute_logprobs, self.actor_state.params,
-                                       arrays, rows)
+                                       inputs, rows)
     if self.kl_on:
-      arrays["ref_logp"] = self._chunked(self.actor.compute_logprobs, self.ref_params, arrays,
+      arrays["ref_logp"] = self._chunked(self.actor.compute_logprobs, self.ref_params, inputs,
                                          rows)
     if self.use_critic:
+      values_in = {k: arrays[k] for k in ("input_ids", "segment_ids")}
       arrays["old_values"] = self._chunked(self.critic.compute_values, self.critic_state.params,
-                                           arrays, rows)
+                                           values_in, rows)
     metrics["time/logprobs"] = time.time() - t
     # the least likely sampled token under the trainer's policy: ~-15 from vocabulary-tail
     # sampling at T=1 (measured from step 0); far below, the server samples off-policy
@@ -315,7 +324,8 @@ class AgenticPipeline:
       metrics.update({f"critic/{k}": v for k, v in m.items()})
     if self.step >= c.critic_warmup:
       keys = ("input_ids", "segment_ids", "response_mask", "old_logp", "advantages") + (
-          ("ref_logp",) if c.use_kl_loss else ())
+          ("ref_logp",) if c.use_kl_loss else ()) + (
+          ("score_index",) if score_index is not None else ())
       self.actor_state, m = self._update(self.actor, self.actor_state, arrays, keys, rows)
       metrics.update({f"actor/{k}": v for k, v in m.items()})
     metrics["time/train"] = time.time() - t

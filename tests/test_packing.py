@@ -77,3 +77,51 @@ def test_rows_split_into_equal_minibatches_with_little_padding(rows, want):
 def test_granule_must_divide_the_minibatch():
   with pytest.raises(ValueError, match="granule 24"):
     packing.split_rows(10, 64, 24)
+
+
+def test_score_positions_lists_each_rows_response_tokens():
+  mask = np.zeros((3, 40), np.float32)
+  mask[0, [3, 4, 9]] = 1
+  mask[2, 5:14] = 1
+  got = packing.score_positions(mask)
+  assert got.shape == (3, 16)  # 9 in row 2 -> the next power of two
+  np.testing.assert_array_equal(got[0, :4], [3, 4, 9, 40])
+  assert (got[1] == 40).all()
+  np.testing.assert_array_equal(got[2, :9], np.arange(5, 14))
+  assert packing.score_positions(np.ones((2, 40), np.float32)) is None  # K 64 > half of 40
+
+
+def test_scored_logprobs_and_gradient_equal_the_full_head():
+  config = llm.ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2,
+                           num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
+  model = llm.make_model(config)
+  params = llm.init_params(model, jax.random.PRNGKey(0))
+  lengths, ids = _samples(n=9, width=48, seed=1)
+  ids = ids % config.vocab_size
+  p = packing.plan(lengths, 48)
+  seg = p.segment_ids()
+  # the last three tokens of every sample are its response
+  resp = np.zeros_like(ids, np.float32)
+  for i, k in enumerate(lengths):
+    resp[i, max(k - 3, 1):k] = 1
+  mask = p.pack(resp)
+  score = packing.score_positions(mask)
+  assert score is not None
+  adv = np.random.default_rng(2).normal(size=mask.shape).astype(np.float32)
+  args = (jnp.asarray(p.pack(ids)), jnp.asarray(seg))
+
+  def loss(params, score_bk):
+    logp, ent = logprobs.compute_logprobs(model, params, *args, score_bk)
+    return jnp.sum((logp * adv + 0.1 * ent) * mask), (logp, ent)
+
+  (l_full, (lp_full, ent_full)), g_full = jax.value_and_grad(loss, has_aux=True)(params, None)
+  (l_sc, (lp_sc, ent_sc)), g_sc = jax.value_and_grad(loss, has_aux=True)(
+      params, jnp.asarray(score))
+  on = mask > 0
+  np.testing.assert_allclose(np.asarray(lp_sc)[on], np.asarray(lp_full)[on], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(ent_sc)[on], np.asarray(ent_full)[on], rtol=1e-5,
+                             atol=1e-6)
+  assert (np.asarray(lp_sc)[~on] == 0).all() and (np.asarray(ent_sc)[~on] == 0).all()
+  np.testing.assert_allclose(float(l_sc), float(l_full), rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g_sc), jax.tree.leaves(g_full)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

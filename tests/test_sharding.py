@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 from rollx import config as config_lib
 from rollx.models import llm, logprobs, partition
 from rollx.parallel import mesh as mesh_lib, pipeline, reshard
+from rollx.trainer import packing
 from rollx.trainer.step import Trainer
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -132,6 +133,36 @@ def test_sharded_step_equals_single_device(mesh_name, head):
     assert leaf.sharding.spec == expected and leaf.sharding.mesh == mesh, path
   mu = state.opt_state[1][0].mu  # clip -> adamw: (ScaleByAdamState, ...)
   assert mu["layers"]["q_proj"].sharding.spec == state.params["layers"]["q_proj"].sharding.spec
+
+
+def scored_policy_loss(model, params, batch, rng):
+  logp, ent = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"],
+                                        batch["score_index"])
+  m = batch["response_mask"]
+  return -logprobs.masked_mean(logp * batch["advantages"], m), {
+      "entropy": logprobs.masked_mean(ent, m)}
+
+
+@pytest.mark.parametrize("mesh_name", ["fsdp4_tp2", "dp2_tp2_pp2"])
+def test_sharded_scored_head_equals_single_device_full_head(mesh_name):
+  # the LM head at the response positions only (rollx.trainer.packing.score_positions),
+  # gathered from a residual stream split over data/fsdp and pipeline stages
+  ref = reference("lm")
+  w = worker(**MESHES[mesh_name])
+  trainer = Trainer(CFG, w, mesh_lib.make_mesh(w.strategy_args, devices=jax.devices()),
+                    scored_policy_loss, total_steps=10)
+  batch = make_batch()
+  batch["score_index"] = packing.score_positions(batch["response_mask"], max_k=T)
+  assert batch["score_index"] is not None
+  batch = trainer.batch_sharding({k: jnp.asarray(v) for k, v in batch.items()})
+  params = trainer.init_state(initial_params("lm")).params
+  loss, grads, _ = trainer.compute_grads(params, batch, jax.random.PRNGKey(1))
+  assert rel_err(loss, ref["loss"]) < 1e-5
+  for a, b in zip(jax.tree.leaves(jax.device_get(grads)), jax.tree.leaves(ref["grads"])):
+    assert rel_err(a, b) < 1e-5
+  logp = np.asarray(trainer.compute_logprobs(params, batch)[0])
+  on = np.asarray(batch["response_mask"]) > 0
+  assert rel_err(logp[on], ref["logp"][on]) < 1e-5
 
 
 def test_rules_place_megatron_and_fsdp_axes():

@@ -219,6 +219,8 @@ class Transformer(nn.Module):
   `layers_fn(layer_params, x, cos, sin, mask) -> x`, when set, replaces the scanned
   layer stack in training forwards (the pipeline schedule plugs in here);
   `activation_constraint(x_btd) -> x_btd` pins the residual stream's sharding.
+  `gather_bk`, when given, applies the head at those K positions of each row only
+  (`[B,K,V]` logits): a trainer scores the response tokens, a few of each row.
   """
   config: ModelConfig
   dtype: Any = jnp.float32
@@ -229,7 +231,8 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_bt: Array, positions_bt: Array, mask_bts: Array,
-               cache: Optional[KVCache] = None, cache_index_b: Optional[Array] = None):
+               cache: Optional[KVCache] = None, cache_index_b: Optional[Array] = None,
+               gather_bk: Optional[Array] = None):
     cfg = self.config
     constrain = self.activation_constraint or (lambda x: x)
     embed = self.param("embed_tokens", nn.initializers.normal(cfg.initializer_range),
@@ -263,6 +266,8 @@ class Transformer(nn.Module):
     x = constrain(x)
     x = rms_norm(x, self.param("norm", nn.initializers.ones, (cfg.hidden_size,), jnp.float32),
                  cfg.rms_norm_eps, self.dtype)
+    if gather_bk is not None:
+      x = jnp.take_along_axis(x, gather_bk[:, :, None], axis=1)
 
     if self.head == "value":
       w = self.param("value_head", nn.initializers.zeros, (cfg.hidden_size,), jnp.float32)
@@ -295,14 +300,16 @@ def init_params(model: Transformer, rng: Array):
 
 
 def forward(model: Transformer, params, tokens_bt: Array,
-            segment_ids_bt: Optional[Array] = None, positions_bt: Optional[Array] = None) -> Array:
-  """Logits (or values) of a packed batch. `segment_ids` 0 = padding."""
+            segment_ids_bt: Optional[Array] = None, positions_bt: Optional[Array] = None,
+            gather_bk: Optional[Array] = None) -> Array:
+  """Logits (or values) of a packed batch. `segment_ids` 0 = padding; with `gather_bk`,
+  only at those positions of each row ([B,K,...])."""
   if segment_ids_bt is None:
     segment_ids_bt = jnp.ones_like(tokens_bt)
   if positions_bt is None:
     positions_bt = positions_from_segments(segment_ids_bt)
   out, _ = model.apply({"params": params}, tokens_bt, positions_bt,
-                       causal_segment_mask(segment_ids_bt))
+                       causal_segment_mask(segment_ids_bt), gather_bk=gather_bk)
   return out
 
 

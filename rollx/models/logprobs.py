@@ -4,6 +4,12 @@ Alignment: `logp_bt[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`, i.e. eac
 value sits on the token it scores, so `response_mask_bt` (1 on generated tokens)
 selects exactly the generated tokens' log-probs. Position 0 and the first token of
 each packed segment have no prediction and get 0.
+
+`score_bk` (rollx.trainer.packing.score_positions) names the positions a caller reads
+(the response tokens); the LM head, log-softmax and entropy then run there only and
+every other position gets 0. A FrozenLake step sample is ~27 prompt tokens and 4
+response tokens, so the head ran ~7x more often than needed; with a real vocabulary
+(150k) the full [B,T,V] logits are also most of the step's activation memory.
 """
 
 from __future__ import annotations
@@ -26,13 +32,33 @@ def logprobs_from_logits(logits_btv: jax.Array, input_ids_bt: jax.Array) -> Tupl
   return jnp.pad(logp, pad), jnp.pad(entropy, pad)
 
 
+def _scored_logprobs(model, params, input_ids_bt, segment_ids_bt, score_bk):
+  """logprobs_from_logits at the positions `score_bk` only (padding entries = T)."""
+  b, t = input_ids_bt.shape
+  # the logits at position p - 1 predict the token at p
+  logits_bkv = llm.forward(model, params, input_ids_bt, segment_ids_bt,
+                           gather_bk=jnp.clip(score_bk - 1, 0, t - 1))
+  logp_bkv = jax.nn.log_softmax(logits_bkv.astype(jnp.float32), axis=-1)
+  targets_bk = jnp.take_along_axis(input_ids_bt, jnp.minimum(score_bk, t - 1), axis=1)
+  logp_bk = jnp.take_along_axis(logp_bkv, targets_bk[..., None], axis=-1)[..., 0]
+  entropy_bk = -jnp.sum(jnp.exp(logp_bkv) * logp_bkv, axis=-1)
+  rows = jnp.arange(b)[:, None]
+  scatter = lambda v_bk: jnp.zeros((b, t), jnp.float32).at[rows, score_bk].set(v_bk, mode="drop")
+  return scatter(logp_bk), scatter(entropy_bk)
+
+
 def compute_logprobs(model: llm.Transformer, params, input_ids_bt: jax.Array,
-                     segment_ids_bt: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
-  """Log-probs and entropies of `input_ids` under `params`; segment 0 = padding."""
+                     segment_ids_bt: Optional[jax.Array] = None,
+                     score_bk: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
+  """Log-probs and entropies of `input_ids` under `params`; segment 0 = padding.
+  With `score_bk`, only at those positions (0 elsewhere)."""
   if segment_ids_bt is None:
     segment_ids_bt = jnp.ones_like(input_ids_bt)
-  logits = llm.forward(model, params, input_ids_bt, segment_ids_bt)
-  logp, entropy = logprobs_from_logits(logits, input_ids_bt)
+  if score_bk is None:
+    logits = llm.forward(model, params, input_ids_bt, segment_ids_bt)
+    logp, entropy = logprobs_from_logits(logits, input_ids_bt)
+  else:
+    logp, entropy = _scored_logprobs(model, params, input_ids_bt, segment_ids_bt, score_bk)
   # A token opening a segment is not predicted by the previous segment's last token.
   same_segment = jnp.pad(segment_ids_bt[:, 1:] == segment_ids_bt[:, :-1], ((0, 0), (1, 0)))
   valid = same_segment & (segment_ids_bt != 0)

@@ -101,3 +101,21 @@ def plan(lengths, width: int, row_multiple: int = 1, pack: bool = True,
     row, rows = np.arange(n), n
   num_rows, minibatch_rows = split_rows(rows, row_multiple, granule or row_multiple)
   return Packing(row, offset, lengths, segment, num_rows, width, minibatch_rows)
+
+
+def score_positions(response_mask_rt: np.ndarray, min_k: int = 8, max_k: int | None = None):
+  """[rows, K] positions of each row's response tokens, padded with the row width (K a
+  power of two >= the most any row has, so a run sees few shapes); None when K would
+  exceed `max_k` (default half the width: gathering would save little), then score
+  everything. For rollx.models.logprobs.compute_logprobs(score_bk=...)."""
+  rows, width = response_mask_rt.shape
+  max_k = width // 2 if max_k is None else max_k
+  row, col = np.nonzero(response_mask_rt > 0)
+  counts = np.bincount(row, minlength=rows)
+  k = max(min_k, 1 << int(max(counts.max(initial=0), 1) - 1).bit_length())
+  if k > max_k:
+    return None
+  out = np.full((rows, k), width, np.int32)
+  rank = np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+  out[row, rank] = col
+  return out

@@ -177,7 +177,7 @@ class Trainer:
 
   def _logprobs(self, params, batch: Batch):
     return logprobs.compute_logprobs(self.model, params, batch["input_ids"],
-                                     batch.get("segment_ids"))
+                                     batch.get("segment_ids"), batch.get("score_index"))
 
   def _values(self, params, batch: Batch):
     return llm.forward(self.model, params, batch["input_ids"], batch.get("segment_ids"))
