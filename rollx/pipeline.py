@@ -287,7 +287,8 @@ class AgenticPipeline:
     arrays = {"input_ids": packing.pack(samples["input_ids"]),
               "segment_ids": packing.segment_ids(),
               "response_mask": packing.pack(samples["response_mask"])}
-    # every model pass below reads the response tokens only: the LM head runs there
+    # the actor's passes (log-probs, loss, trust region) read the response tokens only:
+    # the LM head runs there (values stay per position: GAE reads them all)
     score_index = packing_lib.score_positions(arrays["response_mask"])
     if score_index is not None:
       arrays["score_index"] = score_index
