@@ -288,7 +288,7 @@ class AgenticPipeline:
               "segment_ids": packing.segment_ids(),
               "response_mask": packing.pack(samples["response_mask"])}
     # the actor's passes (log-probs, loss, trust region) read the response tokens only:
-    # the LM head runs there (values stay per position: GAE reads them all)
+    # the LM head runs there (the critic's value pass is unchanged)
     score_index = packing_lib.score_positions(arrays["response_mask"])
     if score_index is not None:
       arrays["score_index"] = score_index
