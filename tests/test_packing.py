@@ -46,14 +46,18 @@ def test_too_long_sample_is_named():
     packing.plan([3, 9], 8)
 
 
-def test_logprobs_on_packed_rows_equal_per_sample_rows():
+def _tiny_model_and_packed_samples():
+  """A random tiny policy and 9 samples packed into rows of 48 tokens."""
   config = llm.ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2,
                            num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
   model = llm.make_model(config)
   params = llm.init_params(model, jax.random.PRNGKey(0))
   lengths, ids = _samples(n=9, width=48, seed=1)
-  ids = ids % config.vocab_size
-  p = packing.plan(lengths, 48)
+  return model, params, lengths, ids % config.vocab_size, packing.plan(lengths, 48)
+
+
+def test_logprobs_on_packed_rows_equal_per_sample_rows():
+  model, params, lengths, ids, p = _tiny_model_and_packed_samples()
   seg = (np.arange(48)[None] < lengths[:, None]).astype(np.int32)
   want, want_ent = logprobs.compute_logprobs(model, params, jnp.asarray(ids), jnp.asarray(seg))
   got, got_ent = logprobs.compute_logprobs(model, params, jnp.asarray(p.pack(ids)),
@@ -92,13 +96,7 @@ def test_score_positions_lists_each_rows_response_tokens():
 
 
 def test_scored_logprobs_and_gradient_equal_the_full_head():
-  config = llm.ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2,
-                           num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
-  model = llm.make_model(config)
-  params = llm.init_params(model, jax.random.PRNGKey(0))
-  lengths, ids = _samples(n=9, width=48, seed=1)
-  ids = ids % config.vocab_size
-  p = packing.plan(lengths, 48)
+  model, params, lengths, ids, p = _tiny_model_and_packed_samples()
   seg = p.segment_ids()
   # the last three tokens of every sample are its response
   resp = np.zeros_like(ids, np.float32)

@@ -22,12 +22,16 @@ import jax.numpy as jnp
 from rollx.models import llm
 
 
+def _target_logp_and_entropy(logits_xv: jax.Array, targets_x: jax.Array):
+  """log p(target) and the entropy of each row of logits; fp32."""
+  logp_xv = jax.nn.log_softmax(logits_xv.astype(jnp.float32), axis=-1)
+  logp_x = jnp.take_along_axis(logp_xv, targets_x[..., None], axis=-1)[..., 0]
+  return logp_x, -jnp.sum(jnp.exp(logp_xv) * logp_xv, axis=-1)
+
+
 def logprobs_from_logits(logits_btv: jax.Array, input_ids_bt: jax.Array) -> Tuple[jax.Array, jax.Array]:
   """(logp_bt, entropy_bt) aligned to the scored token; fp32."""
-  logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
-  targets = input_ids_bt[:, 1:]
-  logp = jnp.take_along_axis(logp_btv, targets[..., None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
+  logp, entropy = _target_logp_and_entropy(logits_btv[:, :-1], input_ids_bt[:, 1:])
   pad = ((0, 0), (1, 0))
   return jnp.pad(logp, pad), jnp.pad(entropy, pad)
 
@@ -38,10 +42,8 @@ def _scored_logprobs(model, params, input_ids_bt, segment_ids_bt, score_bk):
   # the logits at position p - 1 predict the token at p
   logits_bkv = llm.forward(model, params, input_ids_bt, segment_ids_bt,
                            gather_bk=jnp.clip(score_bk - 1, 0, t - 1))
-  logp_bkv = jax.nn.log_softmax(logits_bkv.astype(jnp.float32), axis=-1)
   targets_bk = jnp.take_along_axis(input_ids_bt, jnp.minimum(score_bk, t - 1), axis=1)
-  logp_bk = jnp.take_along_axis(logp_bkv, targets_bk[..., None], axis=-1)[..., 0]
-  entropy_bk = -jnp.sum(jnp.exp(logp_bkv) * logp_bkv, axis=-1)
+  logp_bk, entropy_bk = _target_logp_and_entropy(logits_bkv, targets_bk)
   rows = jnp.arange(b)[:, None]
   scatter = lambda v_bk: jnp.zeros((b, t), jnp.float32).at[rows, score_bk].set(v_bk, mode="drop")
   return scatter(logp_bk), scatter(entropy_bk)

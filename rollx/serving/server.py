@@ -69,8 +69,8 @@ class RollxRequest(orchestrator.ActiveRequest):
 class ResponseChannel:
   """A request's return channel: what JetStream's detokenize thread writes each step's
   samples to (the part of 0.2.2's `AsyncMultifuture` its threads use: add_result,
-close; Decode registers cancel), delivered to the Decode
-  coroutine once, when the request completes.
+  close; Decode registers cancel), delivered to the Decode coroutine once, when the
+  request completes.
 
   0.2.2's channel wakes the server's event loop for every token (a cross-thread call
   per add_result) and its Decode sends a gRPC message per token. The env acts only on
