@@ -22,8 +22,13 @@ import resource
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rollx import hostmem  # noqa: E402
+
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-ARENA = "glibc.malloc.arena_max=1"
+# rollx's arena setting; the other two tunables are what this bench toggles at run time
+ARENA = next(t for t in hostmem.TUNABLES if t.startswith("glibc.malloc.arena_max="))
 
 
 def main():

@@ -49,8 +49,9 @@ def learning_curve(config, minutes: float, log=print):
   return curve
 
 
-def plot(curves, path: str, title: str, minutes: float) -> None:
-  """Validation success vs minutes, one line per run (PIL: no plotting dependency)."""
+def plot(curves, path: str, title: str, minutes: float, refs=()) -> None:
+  """Validation success vs minutes, one line per run (PIL: no plotting dependency);
+  `refs`: (label, success) levels drawn as dotted lines (e.g. a reference policy's)."""
   from PIL import Image, ImageDraw
   w, h, left, bottom, top, right = 640, 360, 50, 40, 30, 20
   img = Image.new("RGB", (w, h), "white")
@@ -60,6 +61,13 @@ def plot(curves, path: str, title: str, minutes: float) -> None:
   for v in (0, 0.2, 0.4, 0.6, 0.8, 1.0):
     d.line([(left, y(v)), (w - right, y(v))], fill=(150, 150, 150) if v == 0.8 else (230, 230, 230))
     d.text((8, y(v) - 6), f"{v:.1f}", fill="black")
+  for label, level in refs:
+    for x0 in range(left, w - right, 8):
+      d.line([(x0, y(level)), (x0 + 3, y(level))], fill=(90, 90, 90))
+    # a third of the way in, clear of the legend; under the line unless it is near the top
+    # (the 0.8 bar line sits just above levels like 0.77)
+    d.text((left + (w - left - right) // 3, y(level) - 14 if level > 0.85 else y(level) + 2),
+           label, fill=(90, 90, 90))
   for m in range(0, int(minutes) + 1, 5):
     d.text((x(m) - 6, h - bottom + 6), str(m), fill="black")
   colors = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),

@@ -75,11 +75,16 @@ RAY="$(dirname "$PY")/ray"
 
 ray_start() {
   locate
-  local only platforms env=(env RAY_USAGE_STATS_ENABLED=0 "RAY_AUTH_MODE=$(get ray-auth-mode)")
+  local only platforms tunables env=(env RAY_USAGE_STATS_ENABLED=0 "RAY_AUTH_MODE=$(get ray-auth-mode)")
   only=$(get only)
   [[ -z "$only" || "$only" == head || "$only" == workers ]] || die "--only must be head or workers"
   platforms=$(get actor-platforms)
   [[ -n "$platforms" ]] && env+=("JAX_PLATFORMS=$platforms")
+  # The actors (JetStream servers, env workers) are the raylet's children and inherit
+  # its environment, not the trainer's: give them the malloc tuning rollx.train
+  # re-executes itself with (rollx/hostmem.py; ROLLX_MALLOC_TUNING=0 opts out).
+  tunables=$("$PY" -m rollx.hostmem) || die "cannot run $PY -m rollx.hostmem (--python?)"
+  [[ -n "$tunables" ]] && env+=("GLIBC_TUNABLES=$tunables")
   if [[ "$INDEX" == 0 ]]; then
     [[ "$only" == workers ]] && return 0
     run "${env[@]}" "$RAY" start --head --node-ip-address="$HEAD" --port="$(get ray-port)" \

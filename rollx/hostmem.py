@@ -54,3 +54,11 @@ def reexec_with_tuned_malloc() -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
+
+
+if __name__ == "__main__":
+  # `python -m rollx.hostmem`: the GLIBC_TUNABLES value a process started from this
+  # environment should get ('' when nothing is to change). launch/node.sh sets it for
+  # `ray start`: Ray's workers inherit the raylet's environment, not the trainer's.
+  tuned = tuned_environ()
+  print(tuned["GLIBC_TUNABLES"] if tuned else "")

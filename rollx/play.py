@@ -60,6 +60,23 @@ class Human:
     return Generation(ids, 0, [0] * len(ids), "human")
 
 
+def local_manager(config, tag: str, policy=None, val: bool = False, on_turn=None) -> EnvManager:
+  """An EnvManager for `tag` cut into samples as the config's rollouts cut them, whose
+  policy is the config's model decoding in this process (`policy=None`; sampling of
+  actor_infer's val_generating_args with `val`, else its generating_args) or "human"."""
+  tokenizer = hf.load_tokenizer(models.resolve_model_dir(config.pretrain))
+  if policy == "human":
+    policy = Human(tokenizer)
+  elif policy is None:
+    g = config.actor_infer.val_generating_args if val else config.actor_infer.generating_args
+    policy = LocalModel(config, g.temperature)
+  manager = config.val_env_manager if val else config.train_env_manager
+  return EnvManager(0, tag, config.custom_envs[tag].to_dict(), tokenizer, policy,
+                    mode="val" if val else "train", sequence_length=config.sequence_length,
+                    on_turn=on_turn, step_wise=manager.env_manager_type == "step",
+                    history_length=manager.history_length)
+
+
 def print_turn(manager: EnvManager, record: dict) -> None:
   tok = manager.tokenizer
   print(f"----- turn {record['turn']} -----\n[prompt]\n{tok.decode(record['prompt_ids'])}")
@@ -75,17 +92,8 @@ def main(argv: List[str]) -> None:
   if _ENV.value not in tags:
     cli.fail(f"--env={_ENV.value!r} is not a custom_envs tag of this config; tags: "
              f"{', '.join(tags)}")
-  tokenizer = hf.load_tokenizer(models.resolve_model_dir(config.pretrain))
-  if _POLICY.value == "human":
-    policy = Human(tokenizer)
-  else:
-    g = config.actor_infer.val_generating_args if _VAL.value else config.actor_infer.generating_args
-    policy = LocalModel(config, g.temperature)
-  manager = EnvManager(0, _ENV.value, config.custom_envs[_ENV.value].to_dict(), tokenizer,
-                       policy, mode="val" if _VAL.value else "train",
-                       sequence_length=config.sequence_length, on_turn=print_turn,
-                       step_wise=config.train_env_manager.env_manager_type == "step",
-                       history_length=config.train_env_manager.history_length)
+  manager = local_manager(config, _ENV.value, "human" if _POLICY.value == "human" else None,
+                          val=_VAL.value, on_turn=print_turn)
   for episode in range(_EPISODES.value):
     seed = _SEED.value + episode
     ticket = Ticket(0, _ENV.value, 0, episode, seed)

@@ -20,6 +20,7 @@ import uuid
 import pytest
 
 from rollx import config as config_lib
+from rollx import hostmem
 from tests.conftest import ROOT
 
 LAUNCH = os.path.join(ROOT, "launch")
@@ -242,13 +243,19 @@ def test_node_ray_start_head_or_worker():
                "--", "--num-cpus=8")
   assert head[:4] == ["env", "RAY_USAGE_STATS_ENABLED=0", "RAY_AUTH_MODE=token",
                       "JAX_PLATFORMS=cpu"]
-  assert head[4:7] == [".venv/bin/ray", "start", "--head"]
+  # the actors are the raylet's children: the malloc tuning rides on `ray start`
+  tuned = hostmem.tuned_environ()  # the environment `dry` hands the script
+  tunables = [f"GLIBC_TUNABLES={tuned['GLIBC_TUNABLES']}"] if tuned else []
+  assert head[4:4 + len(tunables)] == tunables
+  assert head[4 + len(tunables):7 + len(tunables)] == [".venv/bin/ray", "start", "--head"]
   assert option(head, "--port") == "6379" and option(head, "--node-ip-address") == "10.1.0.5"
   assert option(head, "--resources") == '{"rollx_head": 1}' and head[-1] == "--num-cpus=8"
   [worker] = dry("node.sh", "ray-start", *NODE, "--worker-resources={\"rollx_env\": 4}")
   assert option(worker, "--address") == "10.1.0.5:6379"
   assert option(worker, "--resources") == '{"rollx_env": 4}' and "--head" not in worker
   assert dry("node.sh", "ray-start", *NODE, "--only=head") == []  # not host 0: nothing
+  [opted_out] = dry("node.sh", "ray-start", *NODE, env={hostmem.OPT_OUT: "0"})
+  assert not any(a.startswith("GLIBC_TUNABLES=") for a in opted_out)
   assert dry("node.sh", "ray-start", "--index=0", "--num-hosts=2", "--head-address=h",
              "--only=workers") == []
 

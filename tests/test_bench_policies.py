@@ -1,0 +1,45 @@
+"""bench/frozenlake_policies.py: the reference policies' moves on hand-built maps, the
+failure classifier, and a greedy play of the shipped default model on a few levels."""
+
+import random
+
+from bench import frozenlake_policies as fp
+from configs import frozenlake
+
+# S at (1,1), G at (3,1), a hole right below S: towards G is Down, into the hole.
+MAP = ["FFFF", "FSFF", "FHFF", "FGFF"]
+
+
+def test_reference_moves_on_a_hand_built_map():
+  rng = random.Random(0)
+  assert fp.toward_goal(MAP, (1, 1), rng) == "Down"  # holes ignored
+  assert fp.safe_toward_goal(MAP, (1, 1), rng) == "Left"  # no safe move shortens: Left first
+  assert fp.shortest_path(MAP, (1, 1), rng) in ("Left", "Right")  # around the hole: 4 moves
+  assert fp.shortest_path(MAP, (2, 2), rng) == "Down"
+  assert fp.toward_goal(MAP, (0, 0), rng) == "Down"  # order: Left, Down, Right, Up
+
+
+def test_failure_kinds():
+  assert fp.failure_kind(MAP, ["Down"], "terminated") == (
+      "hole while moving towards G, no safe move towards G")
+  # back at S after Right, Left: only Down shortens, and it is the hole
+  assert fp.failure_kind(MAP, ["Right", "Left", "Down"], "terminated") == (
+      "hole while moving towards G, no safe move towards G")
+  free = ["FFFF", "FSHF", "FFFF", "FGFF"]
+  assert fp.failure_kind(free, ["Right"], "terminated") == "hole while moving away from G"
+  holes = ["FFFF", "FSFF", "FHHF", "FGFF"]
+  assert fp.failure_kind(holes, ["Right", "Down"], "terminated") == (
+      "hole while moving towards G, a safe move towards G at hand")
+  assert fp.failure_kind(MAP, ["Up"] * 10, "truncated") == "out of moves"
+
+
+def test_levels_and_policies_on_the_validation_stream():
+  config = frozenlake.get_config()
+  config.val_env_manager.num_env_groups = 16
+  seeds = fp.validation_seeds(config, 2)
+  assert len(seeds) == len(set(seeds)) == 32
+  success = {name: fp.play_reference(config, policy, seeds) for name, policy in fp.REFERENCE.items()}
+  assert success["shortest_path"] == 1.0  # every generated map is solvable in max_steps
+  assert success["random"] < success["toward_goal"] <= success["safe_toward_goal"] <= 1.0
+  rate, kinds = fp.play_model(config, None, seeds[:4])  # the shipped default model
+  assert sum(kinds.values()) == 4 and rate == kinds["success"] / 4
