@@ -5,8 +5,12 @@ Command:   python -m rollx.train --config=configs/frozenlake.py
 Hardware:  one CPU host (2 cores is enough); no accelerator needed.
 Runtime:   ~4-8 s per step on 2 CPU cores (validation every 10 steps; the trust region
            adds a forward pass per update); see the README results table.
-Expected:  shipped default model, 2 CPU cores: greedy validation success on 128 unseen
-           maps, seed 1 (this config, session 10): 0.086 -> 0.63 at 18.8 min, 0.83 at
+Expected:  shipped default model (RoPE base 100 since session 15), 2 CPU cores:
+           greedy validation success on 128 unseen maps, seed 1, session 15 (a fast
+           day, ~3.7 s per step): 0.078 -> 0.73 at 12.9 min, first >= 0.8 at 25.8 min,
+           0.66-0.83 over min 20-30 (mean 0.73); with adv_estimator=gigpo first >= 0.8
+           at 16.1 min, 0.55-0.85 over min 20-30 (mean 0.73). Earlier default model
+           (RoPE base 10000), seed 1 (this config, session 10): 0.086 -> 0.63 at 18.8 min, 0.83 at
            26.8 min, 0.52-0.83 over min 20-30 (mean 0.69). Session 7 (KL loss 0.05,
            64 maps, no dynamic sampling): seed 3 0.86 at 19.0 min, seed 1 0.83 at
            23.3, seed 2 0.80 at 19.8. Session 13, seed 2 (this config, ~5 s per step):

@@ -43,3 +43,20 @@ def test_levels_and_policies_on_the_validation_stream():
   assert success["random"] < success["toward_goal"] <= success["safe_toward_goal"] <= 1.0
   rate, kinds = fp.play_model(config, None, seeds[:4])  # the shipped default model
   assert sum(kinds.values()) == 4 and rate == kinds["success"] / 4
+
+
+def test_probe_shortest_moves_and_labels():
+  from bench import frozenlake_probe as probe
+  from rollx.models import hf, make_default
+  assert probe.shortest_moves(MAP, (1, 1)) == ["Left", "Right"]  # around the hole, both ways
+  assert probe.shortest_moves(MAP, (2, 2)) == ["Down"]  # Left is the hole
+  assert probe.shortest_moves(MAP, (3, 3)) == ["Left"]
+  config = frozenlake.get_config()
+  tokenizer = hf.load_tokenizer(make_default.DEFAULT_DIR)
+  ids, seg, moves, traps = probe.labelled_states(config, tokenizer, 64, seed=0)
+  assert ids.shape[0] == seg.shape[0] == len(moves) == len(traps) == 64
+  for row, s, (at, best) in zip(ids, seg, moves):
+    # the answer's move is one of the shortest-path moves, right after `<answer>`
+    assert tokenizer.decode(row[at - 1:s.sum()]).startswith("<answer>")
+    assert tokenizer.decode([row[at]]) in best
+  assert 0 < traps.mean() < 0.5  # some states are traps, most are not
