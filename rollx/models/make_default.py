@@ -114,6 +114,8 @@ def build(out_dir: str = DEFAULT_DIR, seed: int = 0, warm_start_steps: int = WAR
   """The default model (or, with other `layers` / `heads` / `rope_theta`, a variant: the
   capacity probe bench/frozenlake_probe.py) built and warm started in `out_dir`."""
   from rollx.models import hf, llm, warm_start
+  if heads < 1 or HIDDEN % heads:
+    raise ValueError(f"make_default.build: heads={heads} must divide the hidden size {HIDDEN}")
   tokenizer = build_tokenizer()
   config = llm.ModelConfig(
       vocab_size=-(-len(tokenizer) // 128) * 128, hidden_size=HIDDEN, intermediate_size=3 * HIDDEN,
