@@ -78,19 +78,24 @@ def safe_toward_goal(desc, pos, rng):
   return min(safe)[2] if safe else "Left"
 
 
-def shortest_path(desc, pos, rng):
-  goal, first = _find(desc, "G"), {pos: None}
-  queue = collections.deque([pos])
-  while queue:
+def shortest_moves(desc: List[str], pos: Cell) -> List[str]:
+  """Every move that starts a shortest path from `pos` to G over frozen cells."""
+  goal = _find(desc, "G")
+  dist, queue = {goal: 0}, collections.deque([goal])
+  while queue:  # moves are reversible (a wall bump stays put): BFS from G
     cell = queue.popleft()
-    if cell == goal:
-      return first[cell]
     for m in MOVES:
       nxt = _after(desc, cell, m)
-      if nxt not in first and desc[nxt[0]][nxt[1]] != "H":
-        first[nxt] = first[cell] or m
+      if nxt not in dist and desc[nxt[0]][nxt[1]] != "H":
+        dist[nxt] = dist[cell] + 1
         queue.append(nxt)
-  return "Left"  # no path (generate_map never makes one)
+  if pos not in dist:
+    return []  # no path (generate_map never makes one)
+  return [m for m in MOVES if dist.get(_after(desc, pos, m), 1 << 30) == dist[pos] - 1]
+
+
+def shortest_path(desc, pos, rng):
+  return (shortest_moves(desc, pos) or ["Left"])[0]
 
 
 REFERENCE: Dict[str, Policy] = {"random": random_move, "toward_goal": toward_goal,

@@ -23,13 +23,12 @@ cannot be expected to pass it by RL.
 
 from __future__ import annotations
 
-import collections
 import os
 import random
 import sys
 import tempfile
 import time
-from typing import List, Tuple
+from typing import List
 
 from absl import app, flags
 import numpy as np
@@ -40,21 +39,6 @@ from rollx import cli  # noqa: E402  (defines --config)
 
 FLAGS = flags.FLAGS
 TAG = "FrozenLake"
-
-
-def shortest_moves(desc: List[str], pos) -> List[str]:
-  """Every move that starts a shortest path from `pos` to G over frozen cells."""
-  from bench import frozenlake_policies as ref
-  goal = ref._find(desc, "G")
-  dist, queue = {goal: 0}, collections.deque([goal])
-  while queue:  # moves are reversible (a wall bump stays put): BFS from G
-    cell = queue.popleft()
-    for m in ref.MOVES:
-      nxt = ref._after(desc, cell, m)
-      if nxt not in dist and desc[nxt[0]][nxt[1]] != "H":
-        dist[nxt] = dist[cell] + 1
-        queue.append(nxt)
-  return [m for m in ref.MOVES if dist.get(ref._after(desc, pos, m), 1 << 30) == dist[pos] - 1]
 
 
 def labelled_states(config, tokenizer, num: int, seed: int):
@@ -74,7 +58,7 @@ def labelled_states(config, tokenizer, num: int, seed: int):
     env.reset(seed=rng.randrange(2**31))
     while len(rows) < num:
       desc, pos = list(env.desc), env.position
-      best = shortest_moves(desc, pos)
+      best = ref.shortest_moves(desc, pos)
       towards = ref._after(desc, pos, ref.toward_goal(desc, pos, rng))
       prompt = builder.first_prompt(env.render_text(), env.actions_left)
       answer = tokenizer.encode(f"<answer>{rng.choice(best)}</answer>", add_special_tokens=False)

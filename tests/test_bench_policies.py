@@ -48,9 +48,9 @@ def test_levels_and_policies_on_the_validation_stream():
 def test_probe_shortest_moves_and_labels():
   from bench import frozenlake_probe as probe
   from rollx.models import hf, make_default
-  assert probe.shortest_moves(MAP, (1, 1)) == ["Left", "Right"]  # around the hole, both ways
-  assert probe.shortest_moves(MAP, (2, 2)) == ["Down"]  # Left is the hole
-  assert probe.shortest_moves(MAP, (3, 3)) == ["Left"]
+  assert fp.shortest_moves(MAP, (1, 1)) == ["Left", "Right"]  # around the hole, both ways
+  assert fp.shortest_moves(MAP, (2, 2)) == ["Down"]  # Left is the hole
+  assert fp.shortest_moves(MAP, (3, 3)) == ["Left"]
   config = frozenlake.get_config()
   tokenizer = hf.load_tokenizer(make_default.DEFAULT_DIR)
   ids, seg, moves, traps = probe.labelled_states(config, tokenizer, 64, seed=0)
