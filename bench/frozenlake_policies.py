@@ -62,6 +62,11 @@ def _after(desc: List[str], pos: Cell, move: str) -> Cell:
   return cell if _inside(desc, cell) else pos
 
 
+def hole_moves(desc: List[str], pos: Cell) -> List[str]:
+  """The moves from `pos` that step into a hole."""
+  return [m for m in MOVES if desc[_after(desc, pos, m)[0]][_after(desc, pos, m)[1]] == "H"]
+
+
 def random_move(desc, pos, rng):
   return rng.choice(list(MOVES))
 

@@ -12,13 +12,17 @@ build, then `<answer>Move</answer>`), and every `--eval_every` labels reports
   holes ignored) steps into a hole, the share where the model's top move starts a
   shortest path (what the hole check buys);
 - accuracy: the same share on all held-out states;
+- hole check: on held-out states with a hole next to the player, the model's
+  probability of a move into a hole (over the four moves), next to the share of such
+  moves (what a policy blind to holes puts there);
 - greedy success on the validation levels, played through the rollouts' EnvManager
   (`bench/frozenlake_policies.play_model`), and its ratio to random moves on the same
   levels (same process); the reference policies of that bench close the report.
 A variant architecture (`--layers` / `--heads` / `--rope_theta`) is built and warm
 started the way the default is (`rollx.models.make_default.build`, ~12-20 min on 2
 cores) before the probe. A model whose probe curve stalls at the towards-G level
-cannot be expected to pass it by RL.
+cannot be expected to pass it by RL. `--labels=0` measures a model as it is (e.g. the
+export of an RL run: has it learned the hole check, or only to walk towards G?).
 """
 
 from __future__ import annotations
@@ -43,9 +47,9 @@ TAG = "FrozenLake"
 
 def labelled_states(config, tokenizer, num: int, seed: int):
   """`num` states visited by a half-optimal, half-random walker on random maps: (ids,
-  segment ids, [(answer position, shortest-path moves)], is-trap), labelled with one
-  shortest-path move drawn at random. A trap: the first move towards G (holes ignored,
-  `frozenlake_policies.toward_goal`) steps into a hole."""
+  segment ids, [(answer position, shortest-path moves)], is-trap, [moves into a hole]),
+  labelled with one shortest-path move drawn at random. A trap: the first move towards G
+  (holes ignored, `frozenlake_policies.toward_goal`) steps into a hole."""
   import envs
   from bench import frozenlake_policies as ref
   from rollx.rollout import prompts
@@ -53,7 +57,7 @@ def labelled_states(config, tokenizer, num: int, seed: int):
   env = envs.make_env(entry.env_type, entry.env_config.to_dict())
   builder = prompts.builder_for(entry, env, tokenizer)
   rng = random.Random(seed)
-  rows, moves, traps = [], [], []
+  rows, moves, traps, holes = [], [], [], []
   while len(rows) < num:
     env.reset(seed=rng.randrange(2**31))
     while len(rows) < num:
@@ -65,6 +69,7 @@ def labelled_states(config, tokenizer, num: int, seed: int):
       rows.append(list(prompt) + list(answer) + [tokenizer.eos_token_id])
       moves.append((len(prompt) + 1, best))
       traps.append(desc[towards[0]][towards[1]] == "H")
+      holes.append(ref.hole_moves(desc, pos))
       act = rng.choice(best) if rng.random() < 0.5 else rng.choice(list(ref.MOVES))
       _, _, terminated, truncated, _ = env.step(f"<answer>{act}</answer>")
       if terminated or truncated:
@@ -74,7 +79,7 @@ def labelled_states(config, tokenizer, num: int, seed: int):
   seg = np.zeros((num, width), np.int32)
   for i, r in enumerate(rows):
     ids[i, :len(r)], seg[i, :len(r)] = r, 1
-  return ids, seg, moves, np.asarray(traps)
+  return ids, seg, moves, np.asarray(traps), holes
 
 
 def run(config, model_dir: str, labels: int, eval_every: int, batch_size: int,
@@ -97,16 +102,18 @@ def run(config, model_dir: str, labels: int, eval_every: int, batch_size: int,
   worker.strategy_args.update(dp_size=1)
   worker.model_args.disable_gradient_checkpointing = True
   mesh = mesh_lib.make_mesh(worker.strategy_args, None, "probe")
-  trainer = Trainer(loaded.config, worker, mesh, warm_start._lm_loss, steps)
+  trainer = Trainer(loaded.config, worker, mesh, warm_start._lm_loss, max(steps, 1))
   state = trainer.init_state(jax.device_get(loaded.params))
 
-  ids, seg, moves, _ = labelled_states(config, tokenizer, labels, seed)
+  ids, seg, moves, _, _ = labelled_states(config, tokenizer, max(labels, 1), seed)
   mask = np.zeros(ids.shape, np.float32)
   for i, (at, _) in enumerate(moves):
     # the whole answer (tags and EOS too): a loss on the move alone teaches the model to
     # name a move wherever it predicts, and it never closes the tag again
     mask[i, at - 1:] = seg[i, at - 1:]
-  test_ids, test_seg, test_moves, test_traps = labelled_states(config, tokenizer, 2048, seed + 1)
+  test_ids, test_seg, test_moves, test_traps, test_holes = labelled_states(
+      config, tokenizer, 2048, seed + 1)
+  near_hole = np.asarray([bool(h) for h in test_holes])
   forward = jax.jit(lambda p, x, s: llm.forward(trainer.model, p, x, s))
   val_seeds = ref.validation_seeds(config, val_generations)
   random_success = ref.play_reference(config, ref.random_move, val_seeds)
@@ -114,18 +121,27 @@ def run(config, model_dir: str, labels: int, eval_every: int, batch_size: int,
   def evaluate(params, seen):
     logits = np.asarray(forward(params, jnp.asarray(test_ids), jnp.asarray(test_seg)))
     names = list(action_ids)
-    # top move among the four action tokens, where the answer's move is predicted
-    pick = [names[int(np.argmax(logits[i, at - 1, [action_ids[m] for m in names]]))]
-            for i, (at, _) in enumerate(test_moves)]
+    # the four moves' logits where the answer's move is predicted: top move, and the
+    # probability (renormalised over the four) of stepping into a hole
+    move_logits = np.stack([logits[i, at - 1, [action_ids[m] for m in names]]
+                            for i, (at, _) in enumerate(test_moves)])
+    p_move = np.exp(move_logits - move_logits.max(axis=1, keepdims=True))
+    p_move /= p_move.sum(axis=1, keepdims=True)
+    pick = [names[int(k)] for k in np.argmax(move_logits, axis=1)]
     correct = np.asarray([pick[i] in best for i, (_, best) in enumerate(test_moves)])
+    p_hole = np.asarray([sum(p_move[i, names.index(m)] for m in h) for i, h in enumerate(test_holes)])
+    blind = np.asarray([len(h) / len(names) for h in test_holes])
     with tempfile.TemporaryDirectory() as out:
       hf.save_pretrained(jax.device_get(params), loaded.config, out, tokenizer=tokenizer)
       success, _ = ref.play_model(config.copy_and_resolve_references(), out, val_seeds)
     row = dict(labels=seen, trap_acc=float(correct[test_traps].mean()),
-               acc=float(correct.mean()), val_success=success,
+               acc=float(correct.mean()), p_hole=float(p_hole[near_hole].mean()),
+               p_hole_blind=float(blind[near_hole].mean()), val_success=success,
                ratio=success / max(random_success, 1e-9))
     print(f"labels {seen:6d}  trap acc {row['trap_acc']:.3f}  acc {row['acc']:.3f}  "
-          f"val success {success:.3f} ({row['ratio']:.1f}x random)", flush=True)
+          f"p(hole move) {row['p_hole']:.3f} (blind {row['p_hole_blind']:.3f}, "
+          f"{int(near_hole.sum())} states)  val success {success:.3f} "
+          f"({row['ratio']:.1f}x random)", flush=True)
     return row
 
   results = [evaluate(state.params, 0)]

@@ -103,6 +103,9 @@ def get_config():
   # Only with --config.adv_estimator=gae --config.drop_zero_advantage_samples=False:
   # a critic (value head on a copy of the policy), GAE over each episode's steps in
   # order (the critic sees the step's grid).
+  # GAE's lambda per response token (~0.81 per 4-token step): the TD error of a step into
+  # a hole lands mostly on that step's move, not on the moves before it (session 16)
+  config.lambd = 0.95
   config.critic.training_args.learning_rate = 1e-3
   config.critic.training_args.per_device_train_batch_size = 64
   config.critic.model_args.disable_gradient_checkpointing = True

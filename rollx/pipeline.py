@@ -37,7 +37,7 @@ import ray
 
 from rollx import checkpoint, config as rollx_config, models, serve
 from rollx.algos import advantages as adv_lib, kl as kl_lib, losses
-from rollx.models import hf, llm, logprobs
+from rollx.models import hf, logprobs
 from rollx.parallel import distributed, mesh as mesh_lib
 from rollx.rollout.env_worker import start_rollout
 from rollx.rollout.render import save_episode_frames
@@ -75,7 +75,7 @@ def _actor_update_kl(model, params, batch):
 
 
 def _critic_loss(config, model, params, batch, rng):
-  values = llm.forward(model, params, batch["input_ids"], batch["segment_ids"])
+  values = logprobs.compute_values(model, params, batch["input_ids"], batch["segment_ids"])
   clip = config.value_clip if config.value_clip > 0 else None
   loss = losses.value_loss(values, batch["old_values"], batch["returns"], batch["response_mask"],
                            clip, config.loss_agg_mode)

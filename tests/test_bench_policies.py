@@ -51,12 +51,16 @@ def test_probe_shortest_moves_and_labels():
   assert fp.shortest_moves(MAP, (1, 1)) == ["Left", "Right"]  # around the hole, both ways
   assert fp.shortest_moves(MAP, (2, 2)) == ["Down"]  # Left is the hole
   assert fp.shortest_moves(MAP, (3, 3)) == ["Left"]
+  assert fp.hole_moves(MAP, (1, 1)) == ["Down"] and fp.hole_moves(MAP, (2, 2)) == ["Left"]
   config = frozenlake.get_config()
   tokenizer = hf.load_tokenizer(make_default.DEFAULT_DIR)
-  ids, seg, moves, traps = probe.labelled_states(config, tokenizer, 64, seed=0)
-  assert ids.shape[0] == seg.shape[0] == len(moves) == len(traps) == 64
+  ids, seg, moves, traps, holes = probe.labelled_states(config, tokenizer, 64, seed=0)
+  assert ids.shape[0] == seg.shape[0] == len(moves) == len(traps) == len(holes) == 64
   for row, s, (at, best) in zip(ids, seg, moves):
     # the answer's move is one of the shortest-path moves, right after `<answer>`
     assert tokenizer.decode(row[at - 1:s.sum()]).startswith("<answer>")
     assert tokenizer.decode([row[at]]) in best
   assert 0 < traps.mean() < 0.5  # some states are traps, most are not
+  for trap, hole_moves, (_, best) in zip(traps, holes, moves):
+    assert not set(hole_moves) & set(best)  # a shortest path never steps into a hole
+    assert not trap or hole_moves  # a trap has a hole next to the player

@@ -148,6 +148,33 @@ def test_critic_shares_trunk_and_starts_at_zero(tmp_path):
   assert float(jnp.abs(grads["layers"]["q_proj"]).max()) > 0
 
 
+def test_values_are_of_the_state_before_each_token(tmp_path):
+  """compute_values[:, t] = V(tokens < t): token t cannot move its own baseline (GAE
+  credits the action token with Q(s, a) - V(s), not R - Q(s, a)); a token opening a
+  packed segment gets 0, and packing changes nothing."""
+  _, path = make_hf_model(tmp_path, "qwen2_gqa_untied")
+  critic = models.load_model(path, head="value")
+  params = dict(critic.params, value_head=jax.random.normal(jax.random.PRNGKey(0), (64,)))
+  ids = np.random.default_rng(5).integers(1, 101, (1, 12))
+  values = logprobs.compute_values(critic.model, params, jnp.asarray(ids))
+  heads = llm.forward(critic.model, params, jnp.asarray(ids))
+  assert float(values[0, 0]) == 0.0
+  np.testing.assert_allclose(values[0, 1:], heads[0, :-1], rtol=1e-6, atol=1e-7)
+  changed = ids.copy()
+  changed[0, 6] = (changed[0, 6] % 100) + 1  # another action at t = 6
+  values_changed = logprobs.compute_values(critic.model, params, jnp.asarray(changed))
+  np.testing.assert_array_equal(values_changed[0, :7], values[0, :7])
+  assert abs(float(values_changed[0, 7] - values[0, 7])) > 1e-4
+  a, b = ids[0, :5], ids[0, 5:]
+  packed = jnp.asarray(np.concatenate([a, b, [0]])[None])
+  seg = jnp.asarray(np.array([[1] * 5 + [2] * 7 + [0]]))
+  values_packed = logprobs.compute_values(critic.model, params, packed, seg)
+  values_b = logprobs.compute_values(critic.model, params, jnp.asarray(b[None]))
+  np.testing.assert_allclose(values_packed[0, :5], values[0, :5], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(values_packed[0, 5:12], values_b[0], rtol=1e-5, atol=1e-6)
+  assert float(values_packed[0, 5]) == 0.0 and float(values_packed[0, 12]) == 0.0
+
+
 def test_remat_and_dtype_options(tmp_path):
   _, path = make_hf_model(tmp_path, "qwen2_gqa_untied")
   base = models.load_model(path)

@@ -1,4 +1,5 @@
-"""Per-token log-probs and entropies of a packed batch, shared by actor and reference.
+"""Per-token log-probs and entropies of a packed batch, shared by actor and reference;
+the critic's values with the same alignment (`compute_values`).
 
 Alignment: `logp_bt[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`, i.e. each
 value sits on the token it scores, so `response_mask_bt` (1 on generated tokens)
@@ -65,6 +66,26 @@ def compute_logprobs(model: llm.Transformer, params, input_ids_bt: jax.Array,
   same_segment = jnp.pad(segment_ids_bt[:, 1:] == segment_ids_bt[:, :-1], ((0, 0), (1, 0)))
   valid = same_segment & (segment_ids_bt != 0)
   return jnp.where(valid, logp, 0.0), jnp.where(valid, entropy, 0.0)
+
+
+def compute_values(model: llm.Transformer, params, input_ids_bt: jax.Array,
+                   segment_ids_bt: Optional[jax.Array] = None) -> jax.Array:
+  """Critic values aligned like the log-probs: `values_bt[:, t] = V(input_ids[:, :t])`,
+  the value head at position t - 1, i.e. of the state *before* token t is chosen
+  (0 where a token opens a segment).
+
+  GAE's delta_t = r_t + gamma V_{t+1} - V_t then credits token t with what choosing it
+  changed. The head's own output at t has already read token t: used as V_t it is the
+  value after the action (Q(s, a) on an answer's action token), so the baseline would
+  cancel exactly the signal the advantage is meant to carry (a perfect critic would
+  leave the action token with R - Q(s, a), zero in expectation for every action).
+  """
+  if segment_ids_bt is None:
+    segment_ids_bt = jnp.ones_like(input_ids_bt)
+  out_bt = llm.forward(model, params, input_ids_bt, segment_ids_bt)
+  values_bt = jnp.pad(out_bt[:, :-1], ((0, 0), (1, 0)))
+  same_segment = jnp.pad(segment_ids_bt[:, 1:] == segment_ids_bt[:, :-1], ((0, 0), (1, 0)))
+  return jnp.where(same_segment & (segment_ids_bt != 0), values_bt, 0.0)
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:

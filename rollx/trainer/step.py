@@ -180,4 +180,4 @@ class Trainer:
                                      batch.get("segment_ids"), batch.get("score_index"))
 
   def _values(self, params, batch: Batch):
-    return llm.forward(self.model, params, batch["input_ids"], batch.get("segment_ids"))
+    return logprobs.compute_values(self.model, params, batch["input_ids"], batch.get("segment_ids"))
