@@ -131,6 +131,23 @@ class FrozenLake(base.TextEnv):
       grid.append(out)
     return grid
 
+  def neighbours(self) -> str:
+    """The tiles next to P in action order (Left, Down, Right, Up), '#' off the board.
+
+    Perception, not advice: a warm start that writes it before a random answer
+    (rollx.models.warm_start `think_tags`) teaches a model to read P's surroundings,
+    as an instruct model asked to "look around first" would; which move is good it
+    does not say.
+    """
+    pr, pc = self.position
+    grid = self.render_grid()
+    out = []
+    for dr, dc in ((0, -1), (1, 0), (0, 1), (-1, 0)):
+      r, c = pr + dr, pc + dc
+      inside = 0 <= r < len(grid) and 0 <= c < len(grid[0])
+      out.append(grid[r][c] if inside else "#")
+    return "".join(out)
+
   def render_text(self) -> str:
     return "\n".join("".join(row) for row in self.render_grid())
 

@@ -163,6 +163,12 @@ def default_config() -> ml_collections.ConfigDict:
       # reinforce: a group whose episodes all scored alike carries no policy gradient);
       # their log-prob and train compute is saved, whitening runs over the samples kept.
       drop_zero_advantage_samples=False,
+      # With drop_zero_advantage_samples and token-mean aggregation: equal samples
+      # (same tokens, same advantage sign; step-wise episodes of a group often walk the
+      # same states) run the model once, weighted by their count. Exact (the same loss
+      # and gradients, rollx.trainer.packing.merge_identical); saves log-prob and train
+      # compute.
+      merge_identical_samples=True,
       # Dynamic sampling (with drop_zero_advantage_samples): while fewer than this many
       # groups of the step carry a policy gradient, another rollout_batch_size of episodes
       # is played and added, up to max_rollout_rounds batches per step. Late in training
@@ -584,6 +590,11 @@ def inactive_settings(config: ml_collections.ConfigDict) -> List[str]:
     out.append(f"min_informative_groups={config.min_informative_groups} is inactive: "
                "dynamic sampling counts groups by advantages taken before the model runs, "
                "which needs drop_zero_advantage_samples=True")
+  if (config.merge_identical_samples and config.drop_zero_advantage_samples
+      and config.loss_agg_mode != "token-mean"):
+    out.append("merge_identical_samples is inactive: a merged sample's count is a token "
+               f"weight, which loss_agg_mode={config.loss_agg_mode!r} does not honour "
+               "(it needs token-mean)")
   return out
 
 

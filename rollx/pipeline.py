@@ -4,7 +4,8 @@
     2. validation rollout every eval_steps (greedy, unseen levels), frames saved
     3. train rollout: scheduler.get_batch(rollout_batch_size) -> whole groups (again,
        up to max_rollout_rounds, while fewer than min_informative_groups carry a gradient)
-    4. old log-probs (actor_train), reference log-probs (KL on), values (gae)
+    4. old log-probs (actor_train), reference log-probs (KL on), values (gae); with
+       advantages known, equal samples first merged into one weighted sample each
     5. KL penalty, advantages by adv_estimator (with drop_zero_advantage_samples:
        before 4, and only the samples with a policy gradient go on)
     6. critic update (gae); actor update once step >= critic_warmup: ppo_epochs over
@@ -235,15 +236,11 @@ class AgenticPipeline:
         metrics.append(jax.device_get(m))
     return state, {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]}
 
-  def train_step(self) -> Dict[str, float]:
-    c, t0 = self.config, time.time()
-    metrics: Dict[str, float] = {}
-    if self.step % c.actor_train.model_update_frequency == 0:
-      metrics["time/weight_sync"] = self.sync_weights()
-    if self.val_rollout is not None and self.step % c.eval_steps == 0:
-      t = time.time()
-      metrics.update(self.validate())
-      metrics["time/validation"] = time.time() - t
+  def collect(self, metrics: Dict[str, float]):
+    """Step 3 (and 5 with drop_zero_advantage_samples): the step's episodes as a
+    RolloutBatch, its training samples ([N, T] arrays) and, when known before the
+    model runs, their advantages and returns (else None)."""
+    c = self.config
     t = time.time()
     batch, rollout_metrics = self.train_rollout.get_batch(c.rollout_batch_size)
     metrics["time/rollout"] = time.time() - t
@@ -278,11 +275,31 @@ class AgenticPipeline:
       keep = adv_lib.samples_to_train(has_gradient)
       samples = {k: getattr(batch, k)[keep] for k in samples}
       adv, returns = adv[keep], returns[keep]
+    return batch, samples, adv, returns
+
+  def learn(self, batch: RolloutBatch, samples: Dict[str, np.ndarray],
+            adv: Optional[np.ndarray], returns: Optional[np.ndarray],
+            metrics: Dict[str, float]) -> None:
+    """Steps 4-6 on collected samples: log-probs (and values), advantages where not
+    yet known, the critic and actor updates, the KL controller."""
+    c = self.config
+    min_minibatches = 1
+    if adv is not None and c.merge_identical_samples and c.loss_agg_mode == "token-mean":
+      # Equal samples run the model once, weighted by their count (exact: see
+      # packing.merge_identical). The step keeps the minibatch count the unmerged
+      # samples would have had: the same number of optimizer updates, each on a
+      # random share of the samples, so only compute changes, not the optimisation.
+      lengths = samples["segment_ids"].sum(axis=1)
+      unmerged = packing_lib.plan(lengths, c.sequence_length, self.minibatch,
+                                  granule=self.granule)
+      min_minibatches = unmerged.num_rows // unmerged.minibatch_rows
+      samples, adv, returns, merged = packing_lib.merge_samples(samples, adv, returns)
+      metrics["packing/distinct_samples"] = float(len(merged.index) / len(lengths))
     # Packed rows for everything that runs the model; the unpacked [N, T] view for
     # the per-sample advantage computation (rollx.trainer.packing).
     packing = packing_lib.plan(samples["segment_ids"].sum(axis=1), c.sequence_length,
                                self.minibatch, pack=c.loss_agg_mode == "token-mean",
-                               granule=self.granule)
+                               granule=self.granule, min_minibatches=min_minibatches)
     rows = packing.minibatch_rows
     arrays = {"input_ids": packing.pack(samples["input_ids"]),
               "segment_ids": packing.segment_ids(),
@@ -338,6 +355,18 @@ class AgenticPipeline:
       # episode is one trajectory-wise row or one step-wise row per env step
       self.kl_ctrl.update(kl, len(batch.trajectories))
       metrics["kl_coef"] = self.kl_ctrl.coef
+
+  def train_step(self) -> Dict[str, float]:
+    c, t0 = self.config, time.time()
+    metrics: Dict[str, float] = {}
+    if self.step % c.actor_train.model_update_frequency == 0:
+      metrics["time/weight_sync"] = self.sync_weights()
+    if self.val_rollout is not None and self.step % c.eval_steps == 0:
+      t = time.time()
+      metrics.update(self.validate())
+      metrics["time/validation"] = time.time() - t
+    batch, samples, adv, returns = self.collect(metrics)
+    self.learn(batch, samples, adv, returns, metrics)
     tags = sorted(set(batch.tags))
     metrics["score"] = float(np.mean([metrics[f"{t}/score_mean"] for t in tags]))
     metrics["success"] = float(np.mean([metrics[f"{t}/success"] for t in tags]))

@@ -118,3 +118,28 @@ def test_frozenlake_compact_step_prompt_is_the_grid_alone():
   ids = prompts.builder_for(entry, env, tokenizer).step_prompt(obs, 1, 10, (), 0)
   assert tokenizer.decode(ids) == f"<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
   assert len(ids) == 27
+
+
+def test_think_warm_start_reads_the_neighbours_and_still_answers_at_random():
+  """`think_tags`: each response opens with what lies next to P (perception of the
+  board it answers), the answer stays uniform; an env without neighbours is named."""
+  tokenizer = make_default.build_tokenizer(think=True)
+  entries = [e for e in warm_start.WARM_START_ENVS if e[0] == "FrozenLake"]
+  episodes = warm_start.random_valid_episodes(tokenizer, entries, 300, seed=0,
+                                              think_tags=("FrozenLake",))
+  actions = []
+  for episode in episodes:
+    for sample in episode.samples:
+      text = tokenizer.decode(sample.input_ids)
+      board = text.split("user\n")[1].split("<|im_end|>")[0].splitlines()
+      r, c = next((r, row.index("P")) for r, row in enumerate(board) if "P" in row)
+      cells = [board[r][c - 1] if c else "#", board[r + 1][c] if r + 1 < len(board) else "#",
+               board[r][c + 1] if c + 1 < len(board[r]) else "#", board[r - 1][c] if r else "#"]
+      assert f"<think>{''.join(cells)}</think><answer>" in text
+      actions.append(text.split("<answer>")[1].split("</answer>")[0])
+  counts = collections.Counter(actions)
+  assert sorted(counts) == ["Down", "Left", "Right", "Up"]
+  assert all(abs(n - len(actions) / 4) < 4 * (len(actions) / 4)**0.5 for n in counts.values())
+  sokoban = [e for e in warm_start.WARM_START_ENVS if e[0] == "SimpleSokoban"]
+  with pytest.raises(ValueError, match="SimpleSokoban"):
+    warm_start.random_valid_episodes(tokenizer, sokoban, 4, seed=0, think_tags=("SimpleSokoban",))

@@ -96,3 +96,13 @@ def test_bad_env_config_names_field():
     envs.make_env("FrozenLake", dict(sz=4))
   with pytest.raises(KeyError, match="Frozen"):
     envs.make_env("Frozen")
+
+
+def test_neighbours_in_action_order_with_walls():
+  env = frozenlake.FrozenLake(frozenlake.FrozenLakeConfig(desc=("SFH", "HFF", "FFG")))
+  env.reset(seed=0)
+  assert env.neighbours() == "#O_#"  # Left wall, Down hole, Right frozen, Up wall
+  env.step("<answer>Right</answer>")
+  assert env.neighbours() == "__O#"  # the start tile reads as frozen ice
+  env.step("<answer>Down</answer>")
+  assert env.neighbours() == "O___"  # at (1, 1): a hole on the left, ice elsewhere

@@ -123,3 +123,76 @@ def test_scored_logprobs_and_gradient_equal_the_full_head():
   np.testing.assert_allclose(float(l_sc), float(l_full), rtol=1e-5)
   for a, b in zip(jax.tree.leaves(g_sc), jax.tree.leaves(g_full)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_min_minibatches_keeps_the_update_count():
+  # 20 merged rows where the unmerged step had two minibatches: still two updates
+  assert packing.split_rows(20, 64, 16, min_minibatches=2) == (32, 16)
+  assert packing.split_rows(130, 64, 16, min_minibatches=2) == (144, 48)  # already 3
+
+
+def _duplicated_samples():
+  """9 distinct samples, some repeated (15 in all), 3-token responses, one advantage per
+  sample: copies of sample 0 disagree in sign, copies of 2, 5 and 8 agree."""
+  model, params, lengths, ids, _ = _tiny_model_and_packed_samples()
+  src = np.array([0, 3, 0, 1, 2, 2, 0, 2, 4, 5, 5, 6, 7, 8, 8])
+  adv_n = np.array([0.5, 0.9, 1.2, -0.4, -1.0, -0.3, -0.7, -2.0, 0.8, 1.5, 0.2, -1.1, 0.6,
+                    -0.9, -0.1], np.float32)
+  resp = np.zeros_like(ids, np.float32)
+  for i, k in enumerate(lengths):
+    resp[i, max(k - 3, 1):k] = 1
+  resp = resp[src]
+  return model, params, lengths[src], ids[src], resp, adv_n[:, None] * resp
+
+
+def test_merge_identical_groups_equal_tokens_of_one_sign():
+  _, _, lengths, ids, resp, adv = _duplicated_samples()
+  m = packing.merge_identical(ids, lengths, resp, adv)
+  # 0 splits by sign (+0.5, +1.2 | -0.7); 2 (x3, all -), 5 (x2, +), 8 (x2, -) merge
+  np.testing.assert_array_equal(m.index, [0, 1, 3, 4, 6, 8, 9, 11, 12, 13])
+  np.testing.assert_array_equal(m.weight, [2, 1, 1, 3, 1, 1, 2, 1, 1, 2])
+  np.testing.assert_allclose(m.advantages[0][resp[0] > 0], 0.85)
+  np.testing.assert_allclose(m.advantages[3][resp[4] > 0], -1.1, rtol=1e-6)
+  assert m.weight.sum() == len(lengths)
+
+
+@pytest.mark.parametrize("dual_clip", [False, True])
+def test_merged_samples_give_the_actor_loss_and_gradient_of_all_copies(dual_clip):
+  from rollx import config as rollx_config, pipeline
+  model, params, lengths, ids, resp, adv = _duplicated_samples()
+  c = rollx_config.default_config()
+  c.use_kl_loss, c.kl_loss_coef, c.entropy_loss_coef = True, 0.3, 0.01
+  c.dual_clip_loss, c.pg_clip = dual_clip, 0.1
+  # the rollout and reference policies: the params moved by noise, so ratios land on
+  # both sides of the clip
+  noise = lambda s, p: jax.tree.map(
+      lambda x, k: x + s * jax.random.normal(k, x.shape), p,
+      jax.tree.unflatten(jax.tree.structure(p),
+                         list(jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(p))))))
+  old_params, ref_params = noise(0.15, params), noise(0.3, params)
+
+  def loss_and_grad(samples, adv):
+    p = packing.plan(samples["segment_ids"].sum(axis=1), 48)
+    batch = {"input_ids": jnp.asarray(p.pack(samples["input_ids"])),
+             "segment_ids": jnp.asarray(p.segment_ids()),
+             "response_mask": jnp.asarray(p.pack(samples["response_mask"])),
+             "advantages": jnp.asarray(p.pack(adv))}
+    for name, ps in (("old_logp", old_params), ("ref_logp", ref_params)):
+      batch[name] = logprobs.compute_logprobs(model, ps, batch["input_ids"],
+                                              batch["segment_ids"])[0]
+    (loss, metrics), grads = jax.value_and_grad(
+        lambda q: pipeline._actor_loss(c, model, q, batch, None), has_aux=True)(params)
+    return loss, metrics, grads
+
+  samples = {"input_ids": ids, "response_mask": resp,
+             "segment_ids": (np.arange(ids.shape[1])[None] < lengths[:, None]).astype(np.int32)}
+  loss, metrics, grads = loss_and_grad(samples, adv)
+  assert 0 < float(metrics["clip_fraction"]) < 1
+  merged_samples, merged_adv, _, m = packing.merge_samples(samples, adv, adv)
+  assert len(m.index) == 10
+  loss_m, metrics_m, grads_m = loss_and_grad(merged_samples, merged_adv)
+  np.testing.assert_allclose(float(loss_m), float(loss), rtol=1e-5)
+  for k in ("pg_loss", "kl_loss", "entropy", "clip_fraction", "approx_kl"):
+    np.testing.assert_allclose(float(metrics_m[k]), float(metrics[k]), rtol=1e-5, err_msg=k)
+  for a, b in zip(jax.tree.leaves(grads_m), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

@@ -31,6 +31,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # The answer tags are single (non-special) tokens: a well-formed action is then
 # three tokens, `<answer>` `Right` `</answer>`, which a tiny model learns quickly.
 ANSWER_TOKENS = ["<answer>", "</answer>"]
+THINK_TOKENS = ["<think>", "</think>"]  # only in a `think` build (see `build`)
 # One character that is neither whitespace nor a lowercase letter, and not the
 # capital that starts a word.
 # Small enough that RL on 2 CPU cores runs a step in seconds; deep enough to read a
@@ -84,7 +85,7 @@ def corpus():
         yield prompt["system_prompt"] + "\n" + prompt.get("instructions", "")
 
 
-def build_tokenizer():
+def build_tokenizer(think: bool = False):
   import tokenizers
   from tokenizers import decoders, models, pre_tokenizers, trainers
   import transformers
@@ -102,7 +103,7 @@ def build_tokenizer():
                                 show_progress=False)
   tok.train_from_iterator(list(corpus()), trainer)
   tok.add_tokens([tokenizers.AddedToken(t, normalized=False, special=False)
-                  for t in ANSWER_TOKENS])
+                  for t in ANSWER_TOKENS + (THINK_TOKENS if think else [])])
   return transformers.PreTrainedTokenizerFast(
       tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
       pad_token="<|endoftext|>", unk_token=None, chat_template=CHAT_TEMPLATE,
@@ -110,13 +111,17 @@ def build_tokenizer():
 
 
 def build(out_dir: str = DEFAULT_DIR, seed: int = 0, warm_start_steps: int = WARM_START_STEPS,
-          layers: int = LAYERS, heads: int = HEADS, rope_theta: float = ROPE_THETA) -> str:
+          layers: int = LAYERS, heads: int = HEADS, rope_theta: float = ROPE_THETA,
+          think: bool = False) -> str:
   """The default model (or, with other `layers` / `heads` / `rope_theta`, a variant: the
-  capacity probe bench/frozenlake_probe.py) built and warm started in `out_dir`."""
+  capacity probe bench/frozenlake_probe.py) built and warm started in `out_dir`.
+
+  `think`: FrozenLake responses open with `<think>` what lies next to P `</think>`
+  (warm_start.think_response; two more added tokens) before the random answer."""
   from rollx.models import hf, llm, warm_start
   if heads < 1 or HIDDEN % heads:
     raise ValueError(f"make_default.build: heads={heads} must divide the hidden size {HIDDEN}")
-  tokenizer = build_tokenizer()
+  tokenizer = build_tokenizer(think)
   config = llm.ModelConfig(
       vocab_size=-(-len(tokenizer) // 128) * 128, hidden_size=HIDDEN, intermediate_size=3 * HIDDEN,
       num_layers=layers, num_heads=heads, num_kv_heads=max(1, heads // 2),
@@ -128,7 +133,8 @@ def build(out_dir: str = DEFAULT_DIR, seed: int = 0, warm_start_steps: int = WAR
   hf.save_pretrained(jax.device_get(params), config, out_dir, tokenizer=tokenizer)
   print(f"wrote {out_dir}: {config.num_params / 1e6:.2f}M params, vocab {len(tokenizer)}")
   if warm_start_steps:
-    warm_start.warm_start(out_dir, steps=warm_start_steps, seed=seed)
+    warm_start.warm_start(out_dir, steps=warm_start_steps, seed=seed,
+                          think_tags=("FrozenLake", "FrozenLakeMultiTurn") if think else ())
   return out_dir
 
 

@@ -50,7 +50,7 @@ from rollx.trainer import packing
 SEQUENCE_LENGTH = 512
 _FROZENLAKE = rollx_config.env_entry(
     "FrozenLake", env_config=dict(size=4, p=0.8, is_slippery=False, max_steps=10),
-    max_tokens_per_step=8, **prompts.COMPACT_PROMPTS["FrozenLake"])
+    max_tokens_per_step=12, **prompts.COMPACT_PROMPTS["FrozenLake"])  # room for a think
 # (tag, env entry, EnvManager options, share of the episodes): the prompts the default
 # model must read and answer in format, cut into samples the way its configs cut them
 # (configs/frozenlake.py: history-free step-wise; configs/sokoban.py: multi-turn).
@@ -75,21 +75,44 @@ class _Generated:
   policy_version: int = -1
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def think_response(env, answer: str) -> str:
+  """`answer` after a think of what lies next to P (`env.neighbours()`, e.g. `_O#G` for
+  Left, Down, Right, Up): perception of the current state, then a random answer."""
+  return f"{THINK_OPEN}{env.neighbours()}{THINK_CLOSE}{answer}"
+
+
 def random_valid_episodes(tokenizer, entries: Sequence[tuple], num_episodes: int,
-                          seed: int, sequence_length: int = SEQUENCE_LENGTH) -> List[Trajectory]:
-  """Episodes of the real env loop whose every answer is a random valid action."""
+                          seed: int, sequence_length: int = SEQUENCE_LENGTH,
+                          think_tags: Sequence[str] = ()) -> List[Trajectory]:
+  """Episodes of the real env loop whose every answer is a random valid action.
+
+  For the tags in `think_tags` each response first thinks what lies next to P
+  (`think_response`); the answer stays uniformly random.
+  """
   rng = np.random.default_rng(seed)
   trajectories = []
   for k, (tag, entry, manager_args, share) in enumerate(entries):
     sampler = envs.make_env(entry["env_type"], dict(entry["env_config"]))
+    think = tag in think_tags
+    if think and not hasattr(sampler, "neighbours"):
+      raise ValueError(f"warm start think_tags: env {entry['env_type']!r} (tag {tag!r}) has no "
+                       f"neighbours() to think about")
+    running = []  # the manager below, whose env is the one being played
 
-    async def generate(request_id, prompt_ids, max_tokens, sampler=sampler, **_):
+    async def generate(request_id, prompt_ids, max_tokens, sampler=sampler, think=think,
+                       running=running, **_):
       text = sampler.sample_valid_response(rng)  # state-independent: no task signal
+      if think:
+        text = think_response(running[0].env, text)
       ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
       return _Generated(ids[:max_tokens], [-1] * min(len(ids), max_tokens))
 
     manager = EnvManager(k, tag, entry, tokenizer, generate, sequence_length=sequence_length,
                          **manager_args)
+    running.append(manager)
     for i in range(round(num_episodes * share)):
       ticket = Ticket(env_id=k, tag=tag, group_id=i, generation=0,
                       seed=int(rng.integers(2**31)))
@@ -107,7 +130,8 @@ def _lm_loss(model, params, batch, rng):
 
 
 def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_rate: float = 2e-3,
-               seed: int = 0, entries=WARM_START_ENVS, log_every: int = 50) -> dict:
+               seed: int = 0, entries=WARM_START_ENVS, log_every: int = 50,
+               think_tags: Sequence[str] = ()) -> dict:
   """Trains the model in `model_dir` in place on random-valid-answer episodes."""
   from rollx.trainer.step import Trainer
   from rollx import models
@@ -123,7 +147,8 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
   state = trainer.init_state(jax.device_get(loaded.params))
   # Packed rows (rollx.trainer.packing): random episodes are short, padding would
   # be most of the compute.
-  episodes = random_valid_episodes(tokenizer, entries, steps * batch_size, seed)
+  episodes = random_valid_episodes(tokenizer, entries, steps * batch_size, seed,
+                                   think_tags=think_tags)
   samples = collate(episodes, SEQUENCE_LENGTH)
   plan = packing.plan(samples.segment_ids.sum(axis=1), SEQUENCE_LENGTH, batch_size)
   predicted = samples.segment_ids.astype(np.float32)

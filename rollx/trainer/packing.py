@@ -64,22 +64,25 @@ class Packing:
     return out
 
 
-def split_rows(rows: int, minibatch: int, granule: int) -> tuple[int, int]:
-  """(padded row count, rows per minibatch) for the fewest minibatches of at most
-  `minibatch` rows, all of one size, a multiple of `granule` (which divides `minibatch`)."""
+def split_rows(rows: int, minibatch: int, granule: int, min_minibatches: int = 1
+               ) -> tuple[int, int]:
+  """(padded row count, rows per minibatch) for the fewest minibatches (at least
+  `min_minibatches`) of at most `minibatch` rows, all of one size, a multiple of
+  `granule` (which divides `minibatch`)."""
   if minibatch % granule:
     raise ValueError(f"granule {granule} does not divide the minibatch of {minibatch} rows")
-  n = max(1, math.ceil(rows / minibatch))
+  n = max(1, min_minibatches, math.ceil(rows / minibatch))
   size = max(1, math.ceil(rows / n / granule)) * granule
   return n * size, size
 
 
 def plan(lengths, width: int, row_multiple: int = 1, pack: bool = True,
-         granule: int | None = None) -> Packing:
+         granule: int | None = None, min_minibatches: int = 1) -> Packing:
   """First-fit decreasing into rows of `width`; `pack=False`: one sample per row.
 
   Rows are padded for minibatches of at most `row_multiple` rows made of `granule`-row
-  units (default: whole minibatches, i.e. a multiple of `row_multiple`)."""
+  units (default: whole minibatches, i.e. a multiple of `row_multiple`), at least
+  `min_minibatches` of them."""
   lengths = np.asarray(lengths, np.int64)
   if len(lengths) and lengths.max() > width:
     raise ValueError(f"a sample of {lengths.max()} tokens exceeds sequence_length={width}")
@@ -99,8 +102,60 @@ def plan(lengths, width: int, row_multiple: int = 1, pack: bool = True,
     rows = len(used)
   else:
     row, rows = np.arange(n), n
-  num_rows, minibatch_rows = split_rows(rows, row_multiple, granule or row_multiple)
+  num_rows, minibatch_rows = split_rows(rows, row_multiple, granule or row_multiple,
+                                        min_minibatches)
   return Packing(row, offset, lengths, segment, num_rows, width, minibatch_rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Merged:
+  index: np.ndarray  # [M] the sample that stands for each merged one (its first copy)
+  weight: np.ndarray  # [M] how many samples it stands for
+  advantages: np.ndarray  # [M, T] their mean advantage, token by token
+
+
+def merge_identical(input_ids_nt: np.ndarray, lengths_n: np.ndarray,
+                    response_mask_nt: np.ndarray, adv_nt: np.ndarray) -> Merged:
+  """One sample per distinct (tokens, response mask, sign of each token's advantage).
+
+  Step-wise samples repeat: the 8 episodes of a group start on one map, so their first
+  prompts are equal, and once the policy is fairly sure most of a group walks the same
+  path. Equal samples have equal log-probs, entropy and KL under any params, so the
+  actor's loss over them is the loss of one copy with the response mask scaled by the
+  count and the mean advantage: exactly, including PPO's clip and the dual clip, as
+  long as the copies' advantages share their sign on every token (for a fixed sign the
+  clipped objective is linear in A). The log-prob, reference and train passes then run
+  once per distinct sample. Only under token-mean aggregation (the weight is a token
+  weight; per-row means would count a merged row once).
+  """
+  n = len(lengths_n)
+  lengths_n = np.asarray(lengths_n, np.int64)
+  sign_nt = np.sign(adv_nt * (response_mask_nt > 0)).astype(np.int8)
+  key_of = {}
+  group_n = np.empty(n, np.int64)
+  for i in range(n):
+    k = lengths_n[i]
+    key = (input_ids_nt[i, :k].tobytes(), (response_mask_nt[i, :k] > 0).tobytes(),
+           sign_nt[i, :k].tobytes())
+    group_n[i] = key_of.setdefault(key, len(key_of))
+  m = len(key_of)
+  index = np.full(m, n, np.int64)
+  np.minimum.at(index, group_n, np.arange(n))
+  weight = np.bincount(group_n, minlength=m)
+  adv_sum = np.zeros((m,) + adv_nt.shape[1:], np.float64)
+  np.add.at(adv_sum, group_n, adv_nt)
+  return Merged(index, weight, (adv_sum / weight[:, None]).astype(adv_nt.dtype))
+
+
+def merge_samples(samples: dict, adv_nt: np.ndarray, returns_nt: np.ndarray):
+  """`merge_identical` applied to a step's [N, T] training samples (input_ids,
+  segment_ids, response_mask, ...): (samples with each merged one's response mask
+  scaled by its count, their advantages, their returns, the Merged record)."""
+  lengths = samples["segment_ids"].sum(axis=1)
+  merged = merge_identical(samples["input_ids"], lengths, samples["response_mask"], adv_nt)
+  out = {k: v[merged.index] for k, v in samples.items()}
+  out["response_mask"] = out["response_mask"] * merged.weight[:, None]
+  return out, merged.advantages, returns_nt[merged.index], merged
 
 
 def score_positions(response_mask_rt: np.ndarray, min_k: int = 8, max_k: int | None = None):
