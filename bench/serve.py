@@ -19,7 +19,9 @@ episodes, each `--turns` requests of a 32-token prompt and 5 new tokens, a chain
 sending its next request when its previous answer is back (rollx: all chains at
 once, no barrier; transformers: every chain's turn t as one batch). What sets the
 rate here is the per-request path (queueing, prefill, one short answer), not the
-decode step.
+decode step. `--depths 8,1` (its default) runs the rollx server once per
+`detokenize_depth` (JetStream's 8, rollx's 1), alternating `--repeats` times, and
+prints the ratio of the last depth to the first.
 """
 
 import argparse
@@ -50,6 +52,9 @@ def main():
   p.add_argument("--workload", choices=("decode", "rollout"), default="decode")
   p.add_argument("--chains", type=int, default=128)
   p.add_argument("--turns", type=int, default=5)
+  p.add_argument("--depths", default=None,
+                 help="comma-separated detokenize depths (default: 8,1 for rollout, 1 otherwise)")
+  p.add_argument("--repeats", type=int, default=2)
   args = p.parse_args()
   loaded = models.load_model(args.pretrain)
   rng = np.random.default_rng(0)
@@ -65,34 +70,48 @@ def main():
                for _ in range(args.requests)]
   total = len(prompts) * n_new
 
-  engine = RollxEngine(loaded.model, loaded.params, max_concurrent_decodes=args.slots,
-                       max_prefill_length=256, max_cache_length=256 + n_new,
-                       sampling={"train": Sampling(0.0), "val": Sampling(0.0)})
-  # compiles are not timed
-  engine.warmup((32,) if args.workload == "rollout" else PREFILL_BUCKETS[:PREFILL_BUCKETS.index(256) + 1])
-  server = RolloutServer(engine)
+  depths = [int(d) for d in (args.depths or ("8,1" if args.workload == "rollout" else "1")
+                             ).split(",")]
 
-  async def serve_all(batch):
-    client = RolloutClient([server.address])
-    out = await asyncio.gather(*(client.generate(f"r{i}", pr, n_new) for i, pr in enumerate(batch)))
-    await client.close()
-    return out
+  def run_rollx(depth):
+    """Seconds for the workload on a fresh in-process server with this detokenize depth."""
+    engine = RollxEngine(loaded.model, loaded.params, max_concurrent_decodes=args.slots,
+                         max_prefill_length=256, max_cache_length=256 + n_new,
+                         sampling={"train": Sampling(0.0), "val": Sampling(0.0)})
+    # compiles are not timed
+    engine.warmup((32,) if args.workload == "rollout"
+                  else PREFILL_BUCKETS[:PREFILL_BUCKETS.index(256) + 1])
+    server = RolloutServer(engine, detokenize_depth=depth)
 
-  async def serve_chains():
-    client = RolloutClient([server.address])
+    async def serve_all(batch):
+      client = RolloutClient([server.address])
+      out = await asyncio.gather(*(client.generate(f"r{i}", pr, n_new)
+                                   for i, pr in enumerate(batch)))
+      await client.close()
+      return out
 
-    async def chain(i, turns):
-      return [await client.generate(f"c{i}t{t}", pr, n_new) for t, pr in enumerate(turns)]
+    async def serve_chains():
+      client = RolloutClient([server.address])
 
-    out = await asyncio.gather(*(chain(i, turns) for i, turns in enumerate(chains)))
-    await client.close()
-    return [r for rs in out for r in rs]
+      async def chain(i, turns):
+        return [await client.generate(f"c{i}t{t}", pr, n_new) for t, pr in enumerate(turns)]
 
-  start = time.perf_counter()
-  results = asyncio.run(serve_chains() if args.workload == "rollout" else serve_all(prompts))
-  rollx_s = time.perf_counter() - start
-  assert sum(len(r.token_ids) for r in results) == total
-  server.stop()
+      out = await asyncio.gather(*(chain(i, turns) for i, turns in enumerate(chains)))
+      await client.close()
+      return [r for rs in out for r in rs]
+
+    start = time.perf_counter()
+    results = asyncio.run(serve_chains() if args.workload == "rollout" else serve_all(prompts))
+    seconds = time.perf_counter() - start
+    assert sum(len(r.token_ids) for r in results) == total
+    server.stop()
+    return seconds
+
+  times = {d: [] for d in depths}
+  for _ in range(args.repeats if len(depths) > 1 else 1):
+    for d in depths:
+      times[d].append(run_rollx(d))
+  rollx_s = min(times[depths[-1]])
 
   ref = transformers.AutoModelForCausalLM.from_pretrained(loaded.model_dir, local_files_only=True)
   ref.eval()
@@ -118,9 +137,16 @@ def main():
   device = jax.devices()[0]
   shape = (f"{args.chains} chains x {args.turns} turns, 32-token prompts"
            if args.workload == "rollout" else f"{args.requests} requests, prompts 8..200 tokens")
-  print(f"{device.device_kind}: {shape}, {n_new} new tokens each, {args.slots} slots: "
-        f"rollx server {total / rollx_s:.0f} tok/s ({len(prompts) / rollx_s:.0f} requests/s), "
-        f"transformers generate {total / hf_s:.0f} tok/s, ratio {hf_s / rollx_s:.2f}x")
+  for d in depths:
+    best = min(times[d])
+    print(f"{device.device_kind}: {shape}, {n_new} new tokens each, {args.slots} slots, "
+          f"detokenize depth {d}: rollx server {total / best:.0f} tok/s "
+          f"({len(prompts) / best:.0f} requests/s), transformers generate "
+          f"{total / hf_s:.0f} tok/s, ratio {hf_s / best:.2f}x")
+  if len(depths) > 1:
+    print(f"detokenize depth {depths[-1]} vs {depths[0]}: "
+          f"{min(times[depths[0]]) / rollx_s:.2f}x requests/s (best of {args.repeats} each, "
+          f"alternated)")
   if device.platform == "gpu":
     params_bytes = sum(x.nbytes for x in jax.tree.leaves(loaded.params))
     c = loaded.config

@@ -3,10 +3,14 @@
 Command:   python -m rollx.train --config=configs/frozenlake.py
            (or `make train`; overrides: --config.max_steps=50 ...)
 Hardware:  one CPU host (2 cores is enough); no accelerator needed.
-Runtime:   ~3-5 s per step on 2 CPU cores since session 17 merges identical samples
-           (~4-8 s before; validation every 10 steps; the trust region adds a forward
-           pass per update); see the README results table.
-Expected:  session 17 (samples merged), seed 1: 580 steps in 30 min but a late
+Runtime:   ~2.8-3.3 s per step on 2 CPU cores since session 18 (the rollout server
+           answers sooner), ~3-5 s in session 17 (identical samples merged), ~4-8 s
+           before; validation every 10 steps; the trust region adds a forward pass per
+           update; see the README results table.
+Expected:  session 18 (server answers one decode step behind), seed 2: 643 steps in
+           30 min, takeoff at step ~190 (11 min), 0.79 at 16.1 min, first >= 0.8 at
+           23.4 min, 0.64-0.81 over min 20-30 (mean 0.72).
+           Session 17 (samples merged), seed 1: 580 steps in 30 min but a late
            takeoff, 0.08-0.20 to min 17.5, 0.76 at 26.2 min, 0.77 at 30, never >= 0.8.
            Session 16, adv_estimator=gae, seed 1: 0.54 at 8.8 min, max 0.77.
            Shipped default model (RoPE base 100 since session 15), 2 CPU cores:

@@ -99,6 +99,9 @@ def _worker(*, learning_rate: float, **extra) -> ml_collections.ConfigDict:
           max_prefill_length=512,  # longest prompt a server takes (a power of two >= 16)
           max_cache_length=1024,  # KV-cache length per slot: prompt + response
           num_servers=1,  # inference servers behind the rollout client
+          # generate steps a server may run ahead of returning their tokens (JetStream's
+          # own is 8); 1 answers short agentic requests sooner (rollx.serving.server)
+          detokenize_depth=1,
       ),
       device_mapping=config_dict.placeholder(tuple),  # device ids; None = all devices
       **extra,
@@ -394,7 +397,7 @@ def _workers(c: _Checker, cfg):
           fills.append(key)
     c.rule(len(fills) <= 1, f"{role}.strategy_args.{fills[-1] if fills else ''}",
            f"only one of {', '.join(fills)} may be -1 (fill)")
-    for key in ("num_microbatches", "max_concurrent_decodes", "num_servers"):
+    for key in ("num_microbatches", "max_concurrent_decodes", "num_servers", "detokenize_depth"):
       if _is_int(s[key]):
         c.rule(s[key] >= 1, f"{role}.strategy_args.{key}", f"must be >= 1, got {s[key]}")
     if _is_int(s.max_prefill_length):

@@ -58,7 +58,8 @@ def build_engine(config: ml_collections.ConfigDict, params=None, version: int = 
 def start_server(config: ml_collections.ConfigDict, host: str = "127.0.0.1", port: int = 0,
                  params=None, version: int = 0):
   from rollx.serving.server import RolloutServer
-  return RolloutServer(build_engine(config, params, version), host=host, port=port)
+  return RolloutServer(build_engine(config, params, version), host=host, port=port,
+                       detokenize_depth=config.actor_infer.strategy_args.detokenize_depth)
 
 
 class ServerActor:

@@ -20,6 +20,14 @@
    again: a fresh decode state, the same params holder. Versions stay right because
    the engine counts its own generate steps (RollxEngine.insert), not the loop's.
 
+5. (a setting, not a bug) 0.2.2's detokenize backlog holds 8 entries: the generate
+   thread may dispatch 8 steps before the detokenize thread has seen the first one's
+   tokens, so a request that finished waits up to 8 steps for its answer and its slot.
+   That suits long decodes; an agentic turn is a ~5-token answer an env is waiting for
+   (each turn's latency is on the episode's critical path). `set_detokenize_depth`
+   narrows it; the queue is built inside `Driver.__init__` with no parameter, so its
+   bound is changed before the first request arrives.
+
 `apply()` is idempotent and must run before jetstream is imported by anything
 that executes a request. tests/test_serving.py fails if either patch stops being
 needed (JAX regains `tree_map`, JetThread stops killing) or stops working.
@@ -78,6 +86,16 @@ def apply() -> None:
 
     orchestrator.JetThread.run = run
     _APPLIED = True
+
+
+def set_detokenize_depth(driver, depth: int) -> None:
+  """Lets `driver`'s generate threads run at most `depth` steps ahead of their
+  detokenize threads (fix 5). Call it before the driver serves a request."""
+  if depth < 1:
+    raise ValueError(f"detokenize depth must be >= 1, got {depth}")
+  for backlog in driver._detokenize_backlogs:  # pylint: disable=protected-access
+    with backlog.mutex:
+      backlog.maxsize = int(depth)
 
 
 def _all_slots_free(thread, target) -> bool:

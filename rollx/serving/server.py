@@ -199,12 +199,17 @@ class RolloutServer:
   """JetStream Driver (interleaved: one engine prefills and generates) + gRPC service."""
 
   def __init__(self, engine: RollxEngine, host: str = "127.0.0.1", port: int = 0,
-               threads: int = 64):
+               threads: int = 64, detokenize_depth: int = 1):
     self.engine = engine
     self.driver = orchestrator.Driver(
         prefill_engines=[engine], generate_engines=[engine],
         prefill_params=[engine.params_holder], generate_params=[engine.params_holder],
         interleaved_mode=True)
+    # JetStream lets generate run 8 steps ahead of detokenize; a FrozenLake rollout
+    # (~5-token answers, each turn waited on by its env) then spent ~2x the generate steps
+    # per turn. One step ahead still overlaps dispatch with the previous step's tokens
+    # (bench/serve.py --workload rollout compares depths).
+    compat.set_detokenize_depth(self.driver, detokenize_depth)
     self.servicer = RollxOrchestrator(self.driver, engine)
     self._executor = futures.ThreadPoolExecutor(max_workers=threads)
     self._loop = asyncio.new_event_loop()
@@ -236,7 +241,7 @@ class RolloutServer:
 
   def stats(self) -> Dict[str, float]:
     logp_sum, count = self.engine.sampled_logprob_stats()
-    return {"sampled_tokens": float(count),
+    return {"sampled_tokens": float(count), "generate_steps": float(self.engine.num_steps),
             "sampled_logprob_mean": logp_sum / count if count else float("nan")}
 
   def update_params(self, params, version: int, abort_in_flight: bool = False) -> int:
