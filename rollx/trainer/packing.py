@@ -132,15 +132,17 @@ def merge_identical(input_ids_nt: np.ndarray, lengths_n: np.ndarray,
   lengths_n = np.asarray(lengths_n, np.int64)
   sign_nt = np.sign(adv_nt * (response_mask_nt > 0)).astype(np.int8)
   key_of = {}
+  first = []  # the first copy of each distinct sample, in order of appearance
   group_n = np.empty(n, np.int64)
   for i in range(n):
     k = lengths_n[i]
     key = (input_ids_nt[i, :k].tobytes(), (response_mask_nt[i, :k] > 0).tobytes(),
            sign_nt[i, :k].tobytes())
     group_n[i] = key_of.setdefault(key, len(key_of))
-  m = len(key_of)
-  index = np.full(m, n, np.int64)
-  np.minimum.at(index, group_n, np.arange(n))
+    if group_n[i] == len(first):
+      first.append(i)
+  m = len(first)
+  index = np.asarray(first, np.int64)
   weight = np.bincount(group_n, minlength=m)
   adv_sum = np.zeros((m,) + adv_nt.shape[1:], np.float64)
   np.add.at(adv_sum, group_n, adv_nt)
