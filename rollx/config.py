@@ -29,6 +29,7 @@ from rollx.rollout import prompts
 ADV_ESTIMATORS = ("gae", "grpo", "reinforce", "gigpo")
 DTYPES = ("bf16", "fp32", "fp16")
 LR_SCHEDULERS = ("constant", "linear", "cosine")
+WEIGHT_DECAY_TARGETS = ("zero", "init")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")  # rollx.algos.losses.kl_divergence
 NORM_GROUPINGS = ("traj_group_id", "tags", "batch")
@@ -73,7 +74,8 @@ def _worker(*, learning_rate: float, **extra) -> ml_collections.ConfigDict:
           learning_rate=learning_rate,
           per_device_train_batch_size=8,  # micro-batch per data-parallel shard
           gradient_accumulation_steps=1,
-          weight_decay=0.0,
+          weight_decay=0.0,  # decoupled (AdamW), matrices only
+          weight_decay_target="zero",  # zero (AdamW) | init: towards the params at the start
           warmup_steps=0,
           lr_scheduler_type="constant",  # constant | linear | cosine (after warmup)
           max_grad_norm=1.0,  # global-norm clip; <= 0 disables
@@ -366,6 +368,8 @@ def _workers(c: _Checker, cfg):
     t = w.training_args
     c.choice(t, "lr_scheduler_type", f"{role}.training_args.lr_scheduler_type",
              LR_SCHEDULERS)
+    c.choice(t, "weight_decay_target", f"{role}.training_args.weight_decay_target",
+             WEIGHT_DECAY_TARGETS)
     for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
       if _is_int(t[key]):
         c.rule(t[key] >= 1, f"{role}.training_args.{key}", f"must be >= 1, got {t[key]}")

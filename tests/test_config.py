@@ -109,6 +109,8 @@ def test_type_and_unknown_key_errors(mutate, key, match):
      "actor_infer.generating_args.top_p", "(0, 1]"),
     (lambda c: setattr(c.actor_train.training_args, "lr_scheduler_type", "cosin"),
      "actor_train.training_args.lr_scheduler_type", "did you mean 'cosine'"),
+    (lambda c: setattr(c.actor_train.training_args, "weight_decay_target", "inti"),
+     "actor_train.training_args.weight_decay_target", "did you mean 'init'"),
     (lambda c: setattr(c.val_env_manager, "group_size", 4), "val_env_manager.group_size",
      "group_size 1"),
     (lambda c: setattr(c.custom_envs.FrozenLake, "env_type", "FrozenLak"),

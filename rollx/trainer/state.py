@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -43,15 +43,56 @@ def _decay_mask(params):
       params)
 
 
+class DecayTowardInitState(NamedTuple):
+  init_params: Any  # the params the optimizer was initialised with (checkpointed)
+
+
+def decay_toward_init(weight_decay: float, mask) -> optax.GradientTransformation:
+  """updates += weight_decay * (params - init_params) on the masked leaves.
+
+  AdamW's decoupled decay, with the params at the start of training as its centre
+  instead of zero ("L2 init", Kumar et al. 2023). An RL run from a warm start moves
+  every matrix by ~50-90% of its norm in 30 minutes, mostly Adam's per-weight steps
+  on noisy policy gradients, and afterwards the network no longer learns what the
+  warm start still could (README "Learning", session 19); this pulls each weight back
+  towards the warm start at rate lr * weight_decay per update without touching the
+  function-space KL terms. The centre is optimizer state: saved and restored with it,
+  so a resumed run keeps the run's start as its centre, not the resume point.
+  """
+  def init_fn(params):
+    return DecayTowardInitState(init_params=jax.tree_util.tree_map(jnp.copy, params))
+
+  def update_fn(updates, state, params):
+    if params is None:
+      raise ValueError("decay_toward_init needs the params: call tx.update(g, s, params)")
+    on = mask(params) if callable(mask) else mask
+    updates = jax.tree_util.tree_map(
+        lambda u, p, p0, decayed: u + weight_decay * (p - p0) if decayed else u,
+        updates, params, state.init_params, on)
+    return updates, state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
 def make_optimizer(training_args, total_steps: int) -> optax.GradientTransformation:
-  """Clip by global norm (`max_grad_norm` <= 0: off), then AdamW on the schedule."""
+  """Clip by global norm (`max_grad_norm` <= 0: off), then AdamW on the schedule; with
+  `weight_decay_target="init"` the decay pulls towards the initial params, not zero."""
   chain = []
   if float(training_args.max_grad_norm) > 0:
     chain.append(optax.clip_by_global_norm(float(training_args.max_grad_norm)))
-  chain.append(optax.adamw(lr_schedule(training_args, total_steps),
-                           b1=float(training_args.adam_beta1), b2=float(training_args.adam_beta2),
-                           eps=float(training_args.adam_eps),
-                           weight_decay=float(training_args.weight_decay), mask=_decay_mask))
+  schedule = lr_schedule(training_args, total_steps)
+  adam = dict(b1=float(training_args.adam_beta1), b2=float(training_args.adam_beta2),
+              eps=float(training_args.adam_eps))
+  weight_decay = float(training_args.weight_decay)
+  target = training_args.get("weight_decay_target", "zero")
+  if target == "zero":
+    chain.append(optax.adamw(schedule, **adam, weight_decay=weight_decay, mask=_decay_mask))
+  elif target == "init":
+    # optax.adamw's order (Adam scaling, decay, learning rate) with our decay centre
+    chain += [optax.scale_by_adam(**adam), decay_toward_init(weight_decay, _decay_mask),
+              optax.scale_by_learning_rate(schedule)]
+  else:
+    raise ValueError(f"training_args.weight_decay_target {target!r} is not zero/init")
   return optax.chain(*chain)
 
 
