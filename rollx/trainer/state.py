@@ -51,13 +51,14 @@ def decay_toward_init(weight_decay: float, mask) -> optax.GradientTransformation
   """updates += weight_decay * (params - init_params) on the masked leaves.
 
   AdamW's decoupled decay, with the params at the start of training as its centre
-  instead of zero ("L2 init", Kumar et al. 2023). An RL run from a warm start moves
-  every matrix by ~50-90% of its norm in 30 minutes, mostly Adam's per-weight steps
-  on noisy policy gradients, and afterwards the network no longer learns what the
-  warm start still could (README "Learning", session 19); this pulls each weight back
-  towards the warm start at rate lr * weight_decay per update without touching the
-  function-space KL terms. The centre is optimizer state: saved and restored with it,
-  so a resumed run keeps the run's start as its centre, not the resume point.
+  instead of zero ("L2 init", Kumar et al. 2023). An RL run from a warm start moved
+  every matrix by ~50-90% of its norm in 30 minutes, and afterwards the network no
+  longer learned from labels what the warm start still could (README "Learning",
+  sessions 19-20); this pulls each weight back towards the warm start at rate
+  lr * weight_decay per update, in weight space, beside the KL terms that anchor the
+  policy's outputs. The centre is optimizer state (one more copy of the params,
+  sharded like them): saved and restored with it, so a resumed run keeps the run's
+  start as its centre, not the resume point.
   """
   def init_fn(params):
     return DecayTowardInitState(init_params=jax.tree_util.tree_map(jnp.copy, params))
