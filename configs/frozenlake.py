@@ -7,7 +7,12 @@ Runtime:   ~2.8-3.3 s per step on 2 CPU cores since session 18 (the rollout serv
            answers sooner), ~3-5 s in session 17 (identical samples merged), ~4-8 s
            before; validation every 10 steps; the trust region adds a forward pass per
            update; see the README results table.
-Expected:  session 18 (server answers one decode step behind), seed 2: 643 steps in
+Expected:  lead (session 20, seed 2, not yet the default): with
+           --config.actor_train.training_args.weight_decay_target=init
+           --config.actor_train.training_args.weight_decay=2.0 RL learns the hole
+           check (p(hole move) 0.244 -> 0.122 over steps 358-890; validation mean
+           0.79 over steps 800-890) where runs without it stop near 0.77.
+           Session 18 (server answers one decode step behind), seed 2: 643 steps in
            30 min, takeoff at step ~190 (11 min), 0.79 at 16.1 min, first >= 0.8 at
            23.4 min, 0.64-0.81 over min 20-30 (mean 0.72).
            Session 17 (samples merged), seed 1: 580 steps in 30 min but a late
