@@ -4,17 +4,26 @@ Command:   python -m rollx.train --config=configs/frozenlake.py
            (or `make train`; overrides: --config.max_steps=50 ...)
 Hardware:  one CPU host (2 cores is enough); no accelerator needed.
 Runtime:   ~2.8-3.3 s per step on 2 CPU cores since session 18 (the rollout server
-           answers sooner), ~3-5 s in session 17 (identical samples merged), ~4-8 s
-           before; validation every 10 steps; the trust region adds a forward pass per
-           update; see the README results table.
-Expected:  lead (session 20, seed 2, not yet the default): with
-           --config.actor_train.training_args.weight_decay_target=init
-           --config.actor_train.training_args.weight_decay=2.0 RL learns the hole
-           check (p(hole move) 0.244 -> 0.122 over steps 358-890; validation mean
-           0.79 over steps 800-890) where runs without it stop near 0.77.
-           Session 18 (server answers one decode step behind), seed 2: 643 steps in
-           30 min, takeoff at step ~190 (11 min), 0.79 at 16.1 min, first >= 0.8 at
-           23.4 min, 0.64-0.81 over min 20-30 (mean 0.72).
+           answers sooner; ~4-5 s on the slower days of sessions 20-21: the same
+           machine varies ~1.5x from day to day), ~3-5 s in session 17 (identical
+           samples merged), ~4-8 s before; validation every 10 steps; the trust
+           region adds a forward pass per update; see the README results table.
+Expected:  (session 21, ~4-5 s per step today) with the AdamW decay towards the warm
+           start shipped here ("L2 init"): seed 3 0.79 at 18.9 min, never >= 0.8 by
+           21 min, a dip to 0.48 at 20.4 (a run of greedy loops); seed 1 (session 20)
+           first >= 0.8 at 15.4 min, 0.47 at 21.9; seed 2 (session 20) 0.79 at 24.0 min
+           and, resumed to step 890, mean 0.79 over steps 800-890 with p(hole move)
+           0.244 -> 0.122 (runs without the decay stop learning the hole check). With
+           --config.adv_estimator=gigpo --config.gigpo_omega=4 on top: first >= 0.8 at
+           14.6 min (seed 3) and 14.7 min (seed 1), then 0.59-0.91 (seed 3, mean 0.75
+           over min 20-30) and 0.63-0.81 (seed 1): the swings are greedy validation
+           episodes that walk back and forth until the step limit (seed 1: success
+           + val/FrozenLake/truncated_rate stays 0.77 +- 0.04 over 33 validations);
+           the steps into holes (~23%) stay flat.
+           Before the decay (sessions 7-18): session 18 (server answers one decode
+           step behind), seed 2: 643 steps in 30 min, takeoff at step ~190 (11
+           min), 0.79 at 16.1 min, first >= 0.8 at 23.4 min, 0.64-0.81 over min
+           20-30 (mean 0.72).
            Session 17 (samples merged), seed 1: 580 steps in 30 min but a late
            takeoff, 0.08-0.20 to min 17.5, 0.76 at 26.2 min, 0.77 at 30, never >= 0.8.
            Session 16, adv_estimator=gae, seed 1: 0.54 at 8.8 min, max 0.77.
@@ -109,6 +118,12 @@ def get_config():
   # minibatch = 64 packed rows of 160 tokens (~30 episodes): ~4 updates per step; on CPU
   # smaller minibatches run faster per token, and rows are padded to a multiple of it
   config.actor_train.training_args.per_device_train_batch_size = 64
+  # "L2 init": AdamW's decoupled decay pulls every matrix towards the warm start (lr x 2
+  # = 0.2% of its distance per update) instead of towards zero. Without it the policy
+  # stops being able to learn the hole check after the towards-G phase, even from clean
+  # labels (bench/frozenlake_probe.py, README "Learning", sessions 19-21)
+  config.actor_train.training_args.weight_decay = 2.0
+  config.actor_train.training_args.weight_decay_target = "init"
   config.actor_train.model_args.disable_gradient_checkpointing = True  # 0.7M params: no remat
   # history-free prompts (27 tokens) + an 8-token answer: small prefill bucket and cache
   config.actor_infer.strategy_args.max_prefill_length = 32

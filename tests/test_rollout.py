@@ -24,7 +24,8 @@ from rollx.rollout import prompts
 from rollx.rollout.env_manager import EnvManager
 from rollx.rollout.env_worker import manager_kwargs, start_rollout
 from rollx.rollout.render import save_episode_frames
-from rollx.rollout.scheduler import RolloutScheduler, env_layout
+from rollx.rollout.scheduler import RolloutScheduler, env_layout, episode_metrics
+from rollx.rollout.types import Ticket, Trajectory
 from rollx.serving.client import RolloutClient
 from tests.conftest import ROOT
 from tests.ray_utils import start_local_ray
@@ -190,6 +191,27 @@ def test_redundancy_keeps_first_group_size_and_filter_keeps_high_std(policy_dir,
     assert metrics["rollout/filtered_groups"] >= 2
   assert scheduler.counters["dropped_redundant"] >= 1
   assert len(env_layout(config.train_env_manager)) == 12  # 4 groups x (2 + 1)
+
+
+def test_episode_metrics_per_tag_by_hand():
+  def traj(tag, score, success, turns, invalid, finish):
+    return Trajectory(ticket=Ticket(0, tag, 0, 0, 0), samples=[], score=score,
+                      success=success, num_turns=turns, num_invalid_actions=invalid,
+                      finish=finish, start_version=0)
+  metrics = episode_metrics([
+      traj("FrozenLake", 1.0, True, 2, 0, "terminated"),  # reached G
+      traj("FrozenLake", 0.0, False, 3, 1, "terminated"),  # stepped into a hole
+      traj("FrozenLake", -0.01, False, 10, 1, "truncated"),  # walked back and forth
+      traj("FrozenLake", 0.0, False, 5, 0, "length"),  # out of tokens
+      traj("Sokoban", 10.9, True, 4, 0, "terminated")])
+  assert metrics["FrozenLake/success"] == 0.25
+  assert metrics["FrozenLake/score_mean"] == pytest.approx(0.99 / 4)
+  assert metrics["FrozenLake/score_min"] == -0.01 and metrics["FrozenLake/score_max"] == 1.0
+  assert metrics["FrozenLake/episode_length"] == 5.0
+  assert metrics["FrozenLake/invalid_action_rate"] == 2 / 20
+  assert metrics["FrozenLake/truncated_rate"] == 0.5
+  assert metrics["FrozenLake/num_episodes"] == 4
+  assert metrics["Sokoban/truncated_rate"] == 0.0 and metrics["Sokoban/success"] == 1.0
 
 
 # -- Ray ------------------------------------------------------------------------------
