@@ -15,11 +15,12 @@ Expected:  (session 21, ~4-5 s per step today) with the AdamW decay towards the 
            and, resumed to step 890, mean 0.79 over steps 800-890 with p(hole move)
            0.244 -> 0.122 (runs without the decay stop learning the hole check). With
            --config.adv_estimator=gigpo --config.gigpo_omega=4 on top: first >= 0.8 at
-           14.6 min (seed 3) and 14.7 min (seed 1), then 0.59-0.91 (seed 3, mean 0.75
-           over min 20-30) and 0.63-0.81 (seed 1): the swings are greedy validation
-           episodes that walk back and forth until the step limit (seed 1: success
-           + val/FrozenLake/truncated_rate stays 0.77 +- 0.04 over 33 validations);
-           the steps into holes (~23%) stay flat.
+           14.6 min (seed 3), 14.7 (seed 1) and 15.2 (seed 2), then 0.59-0.91 (seed
+           3, mean 0.75 over min 20-30), 0.63-0.81 (seed 1) and 0.57-0.80 (seed 2):
+           the swings are greedy validation episodes that walk back and forth until
+           the step limit (seeds 1 and 2: success + val/FrozenLake/truncated_rate
+           stays 0.77 +- 0.04 over 33 and 42 validations); the steps into holes
+           (~23%, the towards-G level) stay flat.
            Before the decay (sessions 7-18): session 18 (server answers one decode
            step behind), seed 2: 643 steps in 30 min, takeoff at step ~190 (11
            min), 0.79 at 16.1 min, first >= 0.8 at 23.4 min, 0.64-0.81 over min
