@@ -10,8 +10,9 @@ Runtime:   ~2.8-3.3 s per step on 2 CPU cores since session 18 (the rollout serv
            region adds a forward pass per update; see the README results table.
 Expected:  (session 21, ~4-5 s per step today) with the AdamW decay towards the warm
            start shipped here ("L2 init"): seed 3 0.79 at 18.9 min, never >= 0.8 by
-           21 min, a dip to 0.48 at 20.4 (a run of greedy loops); seed 1 (session 20)
-           first >= 0.8 at 15.4 min, 0.47 at 21.9; seed 2 (session 20) 0.79 at 24.0 min
+           21 min, a dip to 0.48 at 20.4 (val episodes 4.1 moves long, ~2.5 at
+           the peaks: loops); seed 1 (session 20) first >= 0.8 at 15.4 min, 0.47 at
+           21.9; seed 2 (session 20) 0.79 at 24.0 min
            and, resumed to step 890, mean 0.79 over steps 800-890 with p(hole move)
            0.244 -> 0.122 (runs without the decay stop learning the hole check). With
            --config.adv_estimator=gigpo --config.gigpo_omega=4 on top: first >= 0.8 at
