@@ -29,6 +29,10 @@ Expected:  (session 21, ~4-5 s per step today) with the AdamW decay towards the 
            Session 17 (samples merged), seed 1: 580 steps in 30 min but a late
            takeoff, 0.08-0.20 to min 17.5, 0.76 at 26.2 min, 0.77 at 30, never >= 0.8.
            Session 16, adv_estimator=gae, seed 1: 0.54 at 8.8 min, max 0.77.
+           Session 22, --config.adv_estimator=gae --config.drop_zero_advantage_samples=False
+           with the decay, seed 1: 0.75 at 17.7 min, first >= 0.8 at 28.2, mean 0.67
+           over min 20-30; success + val truncated rate 0.84 (fewer steps into holes
+           than GiGPO's 0.77, more loops).
            Shipped default model (RoPE base 100 since session 15), 2 CPU cores:
            greedy validation success on 128 unseen maps, seed 1, session 15 (a fast
            day, ~3.7 s per step): 0.078 -> 0.73 at 12.9 min, first >= 0.8 at 25.8 min,

@@ -4,13 +4,19 @@ Command:   python -m rollx.train --config=configs/simple_sokoban.py
            (the 60-minute curve: python bench/learning.py --config=configs/simple_sokoban.py
             --minutes=60 --seed=1 --out=/tmp/sokoban_curve)
 Hardware:  one CPU host (2 cores is enough); no accelerator needed.
-Runtime:   ~35 s per step on 2 CPU cores (train 18 s, rollout 10 s, log-probs 6 s).
+Runtime:   ~18 s per step on 2 CPU cores since session 17 (train 8.2 s, rollout 5.0 s,
+           log-probs 3.8 s, with --config.adv_estimator=gigpo; session 11: ~35 s).
 Expected:  the issue asks for a rising validation success curve over 60 min on 2 CPU
-           cores, no threshold. Measured (session 11, seed 1, S1): FLAT, greedy
+           cores, no threshold. Measured: FLAT so far. Session 11 (seed 1, S1): greedy
            validation 0.016-0.047 on 128 unseen levels over 56 min (99 steps, 16.4k
            episodes), sampled train success ~0.13 where random valid moves solve 13.5%
-           of these levels within the 10-move budget. Not met; see the README's
-           learning section.
+           of these levels within the 10-move budget. Session 22 (seed 1,
+           --config.adv_estimator=gigpo --config.gigpo_omega=4, the decay towards the
+           warm start inherited from configs/frozenlake.py): 200 steps (25.6k
+           episodes) in 60 min, validation 0.008-0.070 (mean 0.033 over steps 0-100,
+           0.045 over 110-200), train success 0.09-0.14 per 25 steps, and the KL to
+           the warm start ~0.02 throughout: the policy hardly moved. Not met; see the
+           README's learning section.
 
 Everything but the env is configs/frozenlake.py (GRPO on history-free step samples
 credited with the episode's group-centred score, whitening, KL loss to the warm start,
