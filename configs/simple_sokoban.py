@@ -4,7 +4,7 @@ Command:   python -m rollx.train --config=configs/simple_sokoban.py
            (the 60-minute curve: python bench/learning.py --config=configs/simple_sokoban.py
             --minutes=60 --seed=1 --out=/tmp/sokoban_curve)
 Hardware:  one CPU host (2 cores is enough); no accelerator needed.
-Runtime:   ~18 s per step on 2 CPU cores since session 17 (train 8.2 s, rollout 5.0 s,
+Runtime:   ~18 s per step on 2 CPU cores in session 22 (train 8.2 s, rollout 5.0 s,
            log-probs 3.8 s, with --config.adv_estimator=gigpo; session 11: ~35 s).
 Expected:  the issue asks for a rising validation success curve over 60 min on 2 CPU
            cores, no threshold. Measured: FLAT so far. Session 11 (seed 1, S1): greedy
