@@ -49,9 +49,10 @@ def learning_curve(config, minutes: float, log=print):
   return curve
 
 
-def plot(curves, path: str, title: str, minutes: float, refs=()) -> None:
+def plot(curves, path: str, title: str, minutes: float, refs=(), bar=0.8) -> None:
   """Validation success vs minutes, one line per run (PIL: no plotting dependency);
-  `refs`: (label, success) levels drawn as dotted lines (e.g. a reference policy's)."""
+  `refs`: (label, success) levels drawn as dotted lines (e.g. a reference policy's);
+  `bar`: the grid line drawn darker (FrozenLake's 0.8 target; None for no target)."""
   from PIL import Image, ImageDraw
   w, h, left, bottom, top, right = 640, 360, 50, 40, 30, 20
   img = Image.new("RGB", (w, h), "white")
@@ -59,7 +60,7 @@ def plot(curves, path: str, title: str, minutes: float, refs=()) -> None:
   x = lambda m: left + (w - left - right) * m / minutes
   y = lambda v: h - bottom - (h - bottom - top) * v
   for v in (0, 0.2, 0.4, 0.6, 0.8, 1.0):
-    d.line([(left, y(v)), (w - right, y(v))], fill=(150, 150, 150) if v == 0.8 else (230, 230, 230))
+    d.line([(left, y(v)), (w - right, y(v))], fill=(150, 150, 150) if v == bar else (230, 230, 230))
     d.text((8, y(v) - 6), f"{v:.1f}", fill="black")
   for label, level in refs:
     for x0 in range(left, w - right, 8):

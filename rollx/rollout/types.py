@@ -39,7 +39,7 @@ class Trajectory:
   success: bool
   num_turns: int
   num_invalid_actions: int
-  finish: str  # terminated | truncated | max_turns | length
+  finish: str  # terminated | truncated (the env's move limit) | length (out of tokens)
   start_version: int  # oldest policy version used by any response
   transcript: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
   frames: List[np.ndarray] = dataclasses.field(default_factory=list)
