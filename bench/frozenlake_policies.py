@@ -108,27 +108,33 @@ REFERENCE: Dict[str, Policy] = {"random": random_move, "toward_goal": toward_goa
                                 "shortest_path": shortest_path}
 
 
-def validation_seeds(config, generations: int) -> List[int]:
+def validation_seeds(config, generations: int, tag: str = TAG) -> List[int]:
+  """The level seeds the validation rollouts of `tag` play, generation by generation."""
   from rollx.rollout.scheduler import level_seed
-  return [level_seed(int(config.seed), "val", TAG, g, n) for n in range(generations)
+  return [level_seed(int(config.seed), "val", tag, g, n) for n in range(generations)
           for g in range(int(config.val_env_manager.num_env_groups))]
 
 
-def play_reference(config, policy: Policy, seeds: List[int]) -> float:
-  """Success rate of `policy` on the levels, through the real env (its text answers)."""
+def play_levels(config, tag: str, choose, seeds: List[int]) -> float:
+  """Success rate on the levels of `choose(env, rng) -> move`, through the real env of
+  `custom_envs[tag]` (its text answers)."""
   import envs
-  entry = config.custom_envs[TAG]
+  entry = config.custom_envs[tag]
   env = envs.make_env(entry.env_type, entry.env_config.to_dict())
   rng, wins = random.Random(0), 0
   for seed in seeds:
     env.reset(seed=seed)
     while True:
-      move = policy(env.desc, env.position, rng)
-      _, _, terminated, truncated, info = env.step(f"<answer>{move}</answer>")
+      _, _, terminated, truncated, info = env.step(f"<answer>{choose(env, rng)}</answer>")
       if terminated or truncated:
         wins += bool(info["success"])
         break
   return wins / len(seeds)
+
+
+def play_reference(config, policy: Policy, seeds: List[int]) -> float:
+  """Success rate of `policy` on the FrozenLake levels."""
+  return play_levels(config, TAG, lambda env, rng: policy(env.desc, env.position, rng), seeds)
 
 
 def failure_kind(desc: List[str], moves: List[str], finish: str) -> str:

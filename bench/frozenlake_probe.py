@@ -65,8 +65,7 @@ def labelled_states(config, tokenizer, num: int, seed: int):
       best = ref.shortest_moves(desc, pos)
       towards = ref._after(desc, pos, ref.toward_goal(desc, pos, rng))
       prompt = builder.first_prompt(env.render_text(), env.actions_left)
-      answer = tokenizer.encode(f"<answer>{rng.choice(best)}</answer>", add_special_tokens=False)
-      rows.append(list(prompt) + list(answer) + [tokenizer.eos_token_id])
+      rows.append(answer_row(tokenizer, prompt, rng.choice(best)))
       moves.append((len(prompt) + 1, best))
       traps.append(desc[towards[0]][towards[1]] == "H")
       holes.append(ref.hole_moves(desc, pos))
@@ -74,65 +73,117 @@ def labelled_states(config, tokenizer, num: int, seed: int):
       _, _, terminated, truncated, _ = env.step(f"<answer>{act}</answer>")
       if terminated or truncated:
         break
+  return (*pad_rows(rows), moves, np.asarray(traps), holes)
+
+
+def answer_row(tokenizer, prompt, move: str) -> List[int]:
+  """The prompt answered with `<answer>move</answer><eos>`; the move token sits at
+  len(prompt) + 1, right after `<answer>`."""
+  answer = tokenizer.encode(f"<answer>{move}</answer>", add_special_tokens=False)
+  return list(prompt) + list(answer) + [tokenizer.eos_token_id]
+
+
+def pad_rows(rows: List[List[int]]):
+  """Token rows -> (ids, segment ids), zero-padded to the longest row."""
   width = max(len(r) for r in rows)
-  ids = np.zeros((num, width), np.int32)
-  seg = np.zeros((num, width), np.int32)
+  ids = np.zeros((len(rows), width), np.int32)
+  seg = np.zeros((len(rows), width), np.int32)
   for i, r in enumerate(rows):
     ids[i, :len(r)], seg[i, :len(r)] = r, 1
-  return ids, seg, moves, np.asarray(traps), holes
+  return ids, seg
+
+
+class SupervisedProbe:
+  """The loop every probe shares: a model trained by next-token loss on labelled answers
+  (`<answer>Move</answer><eos>` after the rollouts' prompt), read where it predicts the
+  move. `answer_at[i]` is the position of row i's move token."""
+
+  def __init__(self, model_dir: str, move_names, steps: int, batch_size: int,
+               learning_rate: float):
+    import jax
+    from rollx import config as rollx_config, models
+    from rollx.models import hf, llm, warm_start
+    from rollx.parallel import mesh as mesh_lib
+    from rollx.trainer.step import Trainer
+    self.loaded = models.load_model(model_dir)
+    self.tokenizer = hf.load_tokenizer(model_dir)
+    self.move_names = list(move_names)
+    self.move_ids = [self.tokenizer.encode(m, add_special_tokens=False)[0] for m in self.move_names]
+    self.batch_size = batch_size
+    worker = rollx_config.default_config().actor_train
+    worker.training_args.update(learning_rate=learning_rate, per_device_train_batch_size=batch_size,
+                                warmup_steps=10, lr_scheduler_type="constant")
+    worker.strategy_args.update(dp_size=1)
+    worker.model_args.disable_gradient_checkpointing = True
+    mesh = mesh_lib.make_mesh(worker.strategy_args, None, "probe")
+    self.trainer = Trainer(self.loaded.config, worker, mesh, warm_start._lm_loss, max(steps, 1))
+    self.state = self.trainer.init_state(jax.device_get(self.loaded.params))
+    self._forward = jax.jit(lambda p, x, s: llm.forward(self.trainer.model, p, x, s))
+
+  def move_probs(self, params, ids, seg, answer_at) -> np.ndarray:
+    """[rows, moves]: the model's probability of each move (renormalised over the moves)."""
+    import jax.numpy as jnp
+    logits = np.asarray(self._forward(params, jnp.asarray(ids), jnp.asarray(seg)))
+    move_logits = np.stack([logits[i, at - 1, self.move_ids] for i, at in enumerate(answer_at)])
+    p = np.exp(move_logits - move_logits.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True)
+
+  def export(self, params, out_dir: str) -> None:
+    import jax
+    from rollx.models import hf
+    hf.save_pretrained(jax.device_get(params), self.loaded.config, out_dir, tokenizer=self.tokenizer)
+
+  def fit(self, ids, seg, answer_at, seed: int, eval_every: int, evaluate) -> List[dict]:
+    """Adam steps over the rows in order; `evaluate(params, labels_seen)` at 0, every
+    `eval_every` labels and at the end. Returns its rows."""
+    import jax
+    import jax.numpy as jnp
+    mask = np.zeros(ids.shape, np.float32)
+    for i, at in enumerate(answer_at):
+      # the whole answer (tags and EOS too): a loss on the move alone teaches the model to
+      # name a move wherever it predicts, and it never closes the tag again
+      mask[i, at - 1:] = seg[i, at - 1:]
+    steps, bs = len(ids) // self.batch_size, self.batch_size
+    results = [evaluate(self.state.params, 0)]
+    rng = jax.random.PRNGKey(seed)
+    start = time.time()
+    for step in range(steps):
+      rows = slice(step * bs, (step + 1) * bs)
+      batch = self.trainer.batch_sharding({"input_ids": jnp.asarray(ids[rows]),
+                                           "segment_ids": jnp.asarray(seg[rows]),
+                                           "loss_mask": jnp.asarray(mask[rows])})
+      rng, key = jax.random.split(rng)
+      self.state, _ = self.trainer.update(self.state, batch, key)
+      seen = (step + 1) * bs
+      if seen % eval_every == 0 or step == steps - 1:
+        results.append(evaluate(self.state.params, seen))
+    print(f"{steps} steps in {time.time() - start:.0f} s", flush=True)
+    return results
 
 
 def run(config, model_dir: str, labels: int, eval_every: int, batch_size: int,
         learning_rate: float, seed: int, val_generations: int) -> List[dict]:
-  import jax
-  import jax.numpy as jnp
   from bench import frozenlake_policies as ref
-  from rollx import config as rollx_config, models
-  from rollx.models import hf, llm, warm_start
-  from rollx.parallel import mesh as mesh_lib
-  from rollx.trainer.step import Trainer
 
-  loaded = models.load_model(model_dir)
-  tokenizer = hf.load_tokenizer(model_dir)
-  action_ids = {m: tokenizer.encode(m, add_special_tokens=False)[0] for m in ref.MOVES}
-  steps = labels // batch_size
-  worker = rollx_config.default_config().actor_train
-  worker.training_args.update(learning_rate=learning_rate, per_device_train_batch_size=batch_size,
-                              warmup_steps=10, lr_scheduler_type="constant")
-  worker.strategy_args.update(dp_size=1)
-  worker.model_args.disable_gradient_checkpointing = True
-  mesh = mesh_lib.make_mesh(worker.strategy_args, None, "probe")
-  trainer = Trainer(loaded.config, worker, mesh, warm_start._lm_loss, max(steps, 1))
-  state = trainer.init_state(jax.device_get(loaded.params))
-
-  ids, seg, moves, _, _ = labelled_states(config, tokenizer, max(labels, 1), seed)
-  mask = np.zeros(ids.shape, np.float32)
-  for i, (at, _) in enumerate(moves):
-    # the whole answer (tags and EOS too): a loss on the move alone teaches the model to
-    # name a move wherever it predicts, and it never closes the tag again
-    mask[i, at - 1:] = seg[i, at - 1:]
+  names = list(ref.MOVES)
+  probe = SupervisedProbe(model_dir, names, labels // batch_size, batch_size, learning_rate)
+  ids, seg, moves, _, _ = labelled_states(config, probe.tokenizer, max(labels, 1), seed)
   test_ids, test_seg, test_moves, test_traps, test_holes = labelled_states(
-      config, tokenizer, 2048, seed + 1)
+      config, probe.tokenizer, 2048, seed + 1)
   near_hole = np.asarray([bool(h) for h in test_holes])
-  forward = jax.jit(lambda p, x, s: llm.forward(trainer.model, p, x, s))
   val_seeds = ref.validation_seeds(config, val_generations)
   random_success = ref.play_reference(config, ref.random_move, val_seeds)
 
   def evaluate(params, seen):
-    logits = np.asarray(forward(params, jnp.asarray(test_ids), jnp.asarray(test_seg)))
-    names = list(action_ids)
-    # the four moves' logits where the answer's move is predicted: top move, and the
-    # probability (renormalised over the four) of stepping into a hole
-    move_logits = np.stack([logits[i, at - 1, [action_ids[m] for m in names]]
-                            for i, (at, _) in enumerate(test_moves)])
-    p_move = np.exp(move_logits - move_logits.max(axis=1, keepdims=True))
-    p_move /= p_move.sum(axis=1, keepdims=True)
-    pick = [names[int(k)] for k in np.argmax(move_logits, axis=1)]
+    # the four moves' probabilities where the answer's move is predicted: top move, and
+    # the probability of stepping into a hole
+    p_move = probe.move_probs(params, test_ids, test_seg, [at for at, _ in test_moves])
+    pick = [names[int(k)] for k in np.argmax(p_move, axis=1)]
     correct = np.asarray([pick[i] in best for i, (_, best) in enumerate(test_moves)])
     p_hole = np.asarray([sum(p_move[i, names.index(m)] for m in h) for i, h in enumerate(test_holes)])
     blind = np.asarray([len(h) / len(names) for h in test_holes])
     with tempfile.TemporaryDirectory() as out:
-      hf.save_pretrained(jax.device_get(params), loaded.config, out, tokenizer=tokenizer)
+      probe.export(params, out)
       success, _ = ref.play_model(config.copy_and_resolve_references(), out, val_seeds)
     row = dict(labels=seen, trap_acc=float(correct[test_traps].mean()),
                acc=float(correct.mean()), p_hole=float(p_hole[near_hole].mean()),
@@ -144,20 +195,9 @@ def run(config, model_dir: str, labels: int, eval_every: int, batch_size: int,
           f"({row['ratio']:.1f}x random)", flush=True)
     return row
 
-  results = [evaluate(state.params, 0)]
-  rng = jax.random.PRNGKey(seed)
-  start = time.time()
-  for step in range(steps):
-    rows = slice(step * batch_size, (step + 1) * batch_size)
-    batch = trainer.batch_sharding({"input_ids": jnp.asarray(ids[rows]),
-                                    "segment_ids": jnp.asarray(seg[rows]),
-                                    "loss_mask": jnp.asarray(mask[rows])})
-    rng, key = jax.random.split(rng)
-    state, _ = trainer.update(state, batch, key)
-    seen = (step + 1) * batch_size
-    if seen % eval_every == 0 or step == steps - 1:
-      results.append(evaluate(state.params, seen))
-  print(f"{steps} steps in {time.time() - start:.0f} s; references on the same levels: " +
+  results = probe.fit(ids[:labels], seg[:labels], [at for at, _ in moves[:labels]], seed,
+                      eval_every, evaluate)
+  print("references on the same levels: " +
         ", ".join(f"{name} {ref.play_reference(config, policy, val_seeds):.3f}"
                   for name, policy in ref.REFERENCE.items()))
   return results

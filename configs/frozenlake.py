@@ -32,7 +32,11 @@ Expected:  (session 21, ~4-5 s per step today) with the AdamW decay towards the 
            Session 22, --config.adv_estimator=gae --config.drop_zero_advantage_samples=False
            with the decay, seed 1: 0.75 at 17.7 min, first >= 0.8 at 28.2, mean 0.67
            over min 20-30; success + val truncated rate 0.84 (fewer steps into holes
-           than GiGPO's 0.77, more loops).
+           than GiGPO's 0.77, more loops). Session 23 (a fast day, ~3.1 s per step),
+           the same GAE, seed 2: first >= 0.8 at 16.9 min, 0.53-0.72 over min 20-30
+           (mean 0.65), success + truncated 0.78; and seed 1 without the KL loss:
+           first >= 0.8 at 13.4 min, mean 0.70 over min 20-30, entropy -> 0.03,
+           success + truncated 0.76.
            Shipped default model (RoPE base 100 since session 15), 2 CPU cores:
            greedy validation success on 128 unseen maps, seed 1, session 15 (a fast
            day, ~3.7 s per step): 0.078 -> 0.73 at 12.9 min, first >= 0.8 at 25.8 min,

@@ -5,7 +5,8 @@ Command:   python -m rollx.train --config=configs/simple_sokoban.py
             --minutes=60 --seed=1 --out=/tmp/sokoban_curve)
 Hardware:  one CPU host (2 cores is enough); no accelerator needed.
 Runtime:   ~18 s per step on 2 CPU cores in session 22 (train 8.2 s, rollout 5.0 s,
-           log-probs 3.8 s, with --config.adv_estimator=gigpo; session 11: ~35 s).
+           log-probs 3.8 s, with --config.adv_estimator=gigpo; session 11: ~35 s;
+           ~10 s on the fast day of session 23).
 Expected:  the issue asks for a rising validation success curve over 60 min on 2 CPU
            cores, no threshold. Measured: FLAT so far. Session 11 (seed 1, S1): greedy
            validation 0.016-0.047 on 128 unseen levels over 56 min (99 steps, 16.4k
@@ -15,8 +16,12 @@ Expected:  the issue asks for a rising validation success curve over 60 min on 2
            warm start inherited from configs/frozenlake.py): 200 steps (25.6k
            episodes) in 60 min, validation 0.008-0.070 (mean 0.033 over steps 0-100,
            0.045 over 110-200), train success 0.09-0.14 per 25 steps, and the KL to
-           the warm start ~0.02 throughout: the policy hardly moved. Not met; see the
-           README's learning section.
+           the warm start ~0.02 throughout: the policy hardly moved. Session 23: the
+           same with a 10x weaker KL loss and no decay (17 min, 100 steps): as flat
+           (validation mean 0.037, KL 0.025), while supervised shortest-solution labels
+           take the same model to 0.46 greedy validation (3x random moves) in 8 min
+           (bench/sokoban_probe.py): the model can play, RL finds no signal. Not met;
+           see the README's learning section.
 
 Everything but the env is configs/frozenlake.py (GRPO on history-free step samples
 credited with the episode's group-centred score, whitening, KL loss to the warm start,

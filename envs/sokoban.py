@@ -178,6 +178,27 @@ def generate_level(dim_room: Tuple[int, int], num_boxes: int, search_depth: int,
                      f"in {max_tries} rooms")
 
 
+def move(level: Level, player: int, boxes: FrozenSet[int],
+         action: str) -> Tuple[int, FrozenSet[int], float]:
+  """One forward move from (player, boxes) on `level`: the player and boxes after it and
+  its reward, the solve bonus left out. Into a wall, or pushing a box into a wall or
+  another box, nothing moves (and the move still costs REWARD_STEP)."""
+  dr, dc = ACTION_DELTAS[action]
+  d = dr * level.width + dc
+  reward = REWARD_STEP
+  q = player + d
+  if q in level.walls:
+    return player, boxes, reward
+  if q in boxes:
+    b = q + d
+    if b in level.walls or b in boxes:
+      return player, boxes, reward
+    boxes = (boxes - {q}) | {b}
+    reward += (b in level.targets) * REWARD_BOX_ON_TARGET
+    reward += (q in level.targets) * REWARD_BOX_OFF_TARGET
+  return q, boxes, reward
+
+
 @register_env("Sokoban")
 class Sokoban(base.TextEnv):
   ACTIONS = ("Up", "Down", "Left", "Right")
@@ -219,23 +240,8 @@ class Sokoban(base.TextEnv):
     self.player, self.boxes = self.level.player, self.level.boxes
 
   def _apply(self, action: str):
-    lv = self.level
-    dr, dc = ACTION_DELTAS[action]
-    d = dr * lv.width + dc
-    reward = REWARD_STEP
-    q = self.player + d
-    if q in lv.walls:
-      pass
-    elif q in self.boxes:
-      b = q + d
-      if b not in lv.walls and b not in self.boxes:
-        self.boxes = (self.boxes - {q}) | {b}
-        self.player = q
-        reward += (b in lv.targets) * REWARD_BOX_ON_TARGET
-        reward += (q in lv.targets) * REWARD_BOX_OFF_TARGET
-    else:
-      self.player = q
-    solved = self.boxes == lv.targets
+    self.player, self.boxes, reward = move(self.level, self.player, self.boxes, action)
+    solved = self.boxes == self.level.targets
     if solved:
       reward += REWARD_SOLVED
     return reward, solved, solved

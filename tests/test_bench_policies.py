@@ -1,7 +1,10 @@
 """bench/frozenlake_policies.py: the reference policies' moves on hand-built maps, the
-failure classifier, and a greedy play of the shipped default model on a few levels."""
+failure classifier, a greedy play of the shipped default model on a few levels, and the
+Sokoban probe's exact solution distances and labels."""
 
 import random
+
+import numpy as np
 
 from bench import frozenlake_policies as fp
 from configs import frozenlake
@@ -64,3 +67,33 @@ def test_probe_shortest_moves_and_labels():
   for trap, hole_moves, (_, best) in zip(traps, holes, moves):
     assert not set(hole_moves) & set(best)  # a shortest path never steps into a hole
     assert not trap or hole_moves  # a trap has a hole next to the player
+
+
+def test_sokoban_probe_distances_agree_with_the_independent_solver():
+  from bench import sokoban_probe as sp
+  from configs import simple_sokoban
+  from envs import sokoban
+  from rollx.models import hf, make_default
+  from tests import sokoban_solver
+  for seed in range(20):
+    level = sokoban.generate_level((6, 6), 1, 30, np.random.default_rng(seed))
+    dist = sp.goal_distances(level)
+    start = (level.player, level.boxes)
+    assert dist[start] == len(sokoban_solver.solve(level))
+    state = start  # following any shortest move lowers the distance by one, to a solution
+    while dist[state]:
+      best = sp.shortest_moves(level, state, dist)
+      assert best and set(best) <= set(sokoban.ACTION_DELTAS)
+      state = sokoban.move(level, *state, best[-1])[:2]
+    assert state[1] == level.targets
+  # a box pushed into a corner off its target has no solution: no labels there
+  corner = sokoban.Level(4, 4, frozenset({0, 1, 2, 3, 4, 7, 8, 11, 12, 13, 14, 15}),
+                         frozenset({10}), 9, frozenset({5}))
+  assert sp.shortest_moves(corner, (corner.player, corner.boxes), sp.goal_distances(corner)) == []
+  config = simple_sokoban.get_config()
+  tokenizer = hf.load_tokenizer(make_default.DEFAULT_DIR)
+  ids, seg, moves, depth = sp.labelled_states(config, tokenizer, 64, seed=0)
+  assert ids.shape[0] == seg.shape[0] == len(moves) == len(depth) == 64 and depth.min() >= 1
+  for row, s, (at, best) in zip(ids, seg, moves):
+    assert tokenizer.decode(row[at - 1:s.sum()]).startswith("<answer>")
+    assert tokenizer.decode([row[at]]) in best
