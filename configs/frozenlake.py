@@ -34,7 +34,8 @@ Expected:  (session 21, ~4-5 s per step today) with the AdamW decay towards the 
            over min 20-30; success + val truncated rate 0.84 (fewer steps into holes
            than GiGPO's 0.77, more loops). Session 23 (a fast day, ~3.1 s per step),
            the same GAE, seed 2: first >= 0.8 at 16.9 min, 0.53-0.72 over min 20-30
-           (mean 0.65), success + truncated 0.78; and seed 1 without the KL loss:
+           (mean 0.65), success + truncated 0.78; seed 3: first >= 0.8 at 21.6 min,
+           0.58-0.85 (mean 0.73), success + truncated 0.80; seed 1 without the KL loss:
            first >= 0.8 at 13.4 min, mean 0.70 over min 20-30, entropy -> 0.03,
            success + truncated 0.76.
            Shipped default model (RoPE base 100 since session 15), 2 CPU cores:
