@@ -153,15 +153,22 @@ def failure_kind(desc: List[str], moves: List[str], finish: str) -> str:
   return "hole while moving away from G"
 
 
-def play_model(config, model_dir: str, seeds: List[int]) -> Tuple[float, collections.Counter]:
-  """Greedy (val sampling) success of the exported policy, and its failures by kind."""
+def model_episodes(config, model_dir: str, seeds: List[int], tag: str = TAG):
+  """The exported policy's episodes on the levels of `tag`, decoded in this process with
+  the validation sampling: yields (manager, trajectory), the manager's env still at the
+  episode's end."""
   from rollx import play
   from rollx.rollout.types import Ticket
   config.pretrain = model_dir
-  manager = play.local_manager(config, TAG, val=True)
-  kinds = collections.Counter()
+  manager = play.local_manager(config, tag, val=True)
   for i, seed in enumerate(seeds):
-    traj = asyncio.run(manager.run_episode(Ticket(0, TAG, 0, i, seed)))
+    yield manager, asyncio.run(manager.run_episode(Ticket(0, tag, 0, i, seed)))
+
+
+def play_model(config, model_dir: str, seeds: List[int]) -> Tuple[float, collections.Counter]:
+  """Greedy (val sampling) success of the exported policy, and its failures by kind."""
+  kinds = collections.Counter()
+  for manager, traj in model_episodes(config, model_dir, seeds):
     if traj.success:
       kinds["success"] += 1
       continue

@@ -107,8 +107,7 @@ class SupervisedProbe:
     from rollx.trainer.step import Trainer
     self.loaded = models.load_model(model_dir)
     self.tokenizer = hf.load_tokenizer(model_dir)
-    self.move_names = list(move_names)
-    self.move_ids = [self.tokenizer.encode(m, add_special_tokens=False)[0] for m in self.move_names]
+    self.move_ids = [self.tokenizer.encode(m, add_special_tokens=False)[0] for m in move_names]
     self.batch_size = batch_size
     worker = rollx_config.default_config().actor_train
     worker.training_args.update(learning_rate=learning_rate, per_device_train_batch_size=batch_size,

@@ -11,7 +11,7 @@ history-free step prompt the rollouts build, then `<answer>Move</answer>`; label
 an exact search over every state reachable from the level's start), and every
 `--eval_every` labels reports
 - accuracy: on held-out states, the share where the model's top move starts a shortest
-  solution (a uniform policy: ~0.3-0.4, the share of such moves among the four);
+  solution (a uniform policy: ~0.27, the share of such moves among the four);
 - greedy success on the validation levels, played through the rollouts' EnvManager, and
   its ratio to random moves on the same levels; the optimal policy's success within the
   episode's move limit closes the report (the ceiling: some levels need more moves).
@@ -20,7 +20,6 @@ A model that cannot get far above the random level here cannot be expected to by
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import os
 import random
@@ -131,12 +130,8 @@ def play_reference(config, optimal: bool, seeds: List[int]) -> float:
 
 def play_model(config, model_dir: str, seeds: List[int]) -> float:
   """Greedy (val sampling) success of an exported policy on the levels."""
-  from rollx import play
-  from rollx.rollout.types import Ticket
-  config.pretrain = model_dir
-  manager = play.local_manager(config, TAG, val=True)
-  wins = sum(asyncio.run(manager.run_episode(Ticket(0, TAG, 0, i, seed))).success
-             for i, seed in enumerate(seeds))
+  from bench.frozenlake_policies import model_episodes
+  wins = sum(traj.success for _, traj in model_episodes(config, model_dir, seeds, TAG))
   return wins / len(seeds)
 
 
