@@ -88,7 +88,7 @@ def get_config():
   config.eval_steps = 10
   config.rollout_batch_size = 128  # 16 groups x 8 episodes
   config.val_batch_size = 128  # 128 unseen maps, greedy: +-0.04 binomial noise at 0.7
-  config.sequence_length = 160  # packed training row width: 5 step samples of ~32 tokens
+  config.sequence_length = 176  # packed training row width: 4 step samples of ~44 tokens
 
   config.adv_estimator = "grpo"  # group-normalised episode scores
   # Centre scores within a group, no division by the group's std: a group whose
@@ -136,9 +136,9 @@ def get_config():
   config.actor_train.training_args.weight_decay = 2.0
   config.actor_train.training_args.weight_decay_target = "init"
   config.actor_train.model_args.disable_gradient_checkpointing = True  # 0.7M params: no remat
-  # history-free prompts (27 tokens) + an 8-token answer: small prefill bucket and cache
-  config.actor_infer.strategy_args.max_prefill_length = 32
-  config.actor_infer.strategy_args.max_cache_length = 64
+  # history-free prompts (40 tokens) + an 8-token answer: small prefill bucket and cache
+  config.actor_infer.strategy_args.max_prefill_length = 64
+  config.actor_infer.strategy_args.max_cache_length = 72
   # Only with --config.adv_estimator=gae --config.drop_zero_advantage_samples=False:
   # a critic (value head on a copy of the policy), GAE over each episode's steps in
   # order (the critic sees the step's grid).
@@ -165,7 +165,8 @@ def get_config():
 
   config.custom_envs.FrozenLake = rollx_config.env_entry(
       "FrozenLake",
-      env_config=dict(size=4, p=0.8, is_slippery=False, max_steps=10),
+      # show_neighbours: the grid, then "Left _ Down O Right _ Up #" (the tiles next to P)
+      env_config=dict(size=4, p=0.8, is_slippery=False, max_steps=10, show_neighbours=True),
       max_tokens_per_step=8,  # "<answer>Right</answer><|im_end|>" is 4 tokens
       **prompts.COMPACT_PROMPTS["FrozenLake"])  # no system text: a sample is the grid alone
   return config

@@ -40,6 +40,12 @@ class FrozenLakeConfig(base.TextEnvConfig):
   max_steps: int = 10  # actions per episode
   format_penalty: float = -0.01  # reward of an invalid action
   desc: Optional[Tuple[str, ...]] = None  # a fixed map (rows of S F H G); None = random
+  # Below the grid, a line naming the tile next to P in each direction, e.g.
+  # "Left _ Down O Right _ Up #" (# off the board): what an agent standing on the ice
+  # sees around it, spelled out. Perception, not advice: which move is good it does not
+  # say. Why: a small model reads 2-D neighbours out of a flattened grid slowly (offsets
+  # +-1 and +-5 tokens; README "Learning", sessions 14-23).
+  show_neighbours: bool = False
 
 
 def generate_map(size: int, p: float, rng: np.random.Generator) -> List[str]:
@@ -82,7 +88,10 @@ class FrozenLake(base.TextEnv):
     self.desc: List[str] = []
 
   def observation_charset(self) -> str:
-    return "".join(SYMBOLS.values()) + "\n"
+    charset = "".join(SYMBOLS.values()) + "\n"
+    if self.config.show_neighbours:
+      charset += " #" + "".join(sorted(set("".join(ACTION_IDS))))
+    return charset
 
   def check_config(self) -> None:
     cfg = self.config
@@ -149,7 +158,11 @@ class FrozenLake(base.TextEnv):
     return "".join(out)
 
   def render_text(self) -> str:
-    return "\n".join("".join(row) for row in self.render_grid())
+    text = "\n".join("".join(row) for row in self.render_grid())
+    if self.config.show_neighbours:
+      text += "\n" + " ".join(f"{action} {tile}"
+                              for action, tile in zip(ACTION_IDS, self.neighbours()))
+    return text
 
   def render_rgb(self) -> np.ndarray:
     return base.grid_to_rgb(self.render_grid(), _PALETTE)

@@ -120,6 +120,26 @@ def test_frozenlake_compact_step_prompt_is_the_grid_alone():
   assert len(ids) == 27
 
 
+def test_frozenlake_config_step_prompt_is_the_grid_and_the_neighbour_line():
+  """configs/frozenlake.py's samples: the grid, the line naming P's neighbours, nothing
+  else (40 tokens), within the server's prefill bucket; the warm start reads the same."""
+  from configs import frozenlake
+  config = frozenlake.get_config()
+  tokenizer = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
+  entry = config.custom_envs.FrozenLake
+  env = envs.make_env("FrozenLake", entry.env_config.to_dict())
+  obs, _ = env.reset(seed=5)
+  grid, line = obs.rsplit("\n", 1)
+  assert grid == envs.make_env("FrozenLake", {}).reset(seed=5)[0]
+  assert line.split()[0::2] == ["Left", "Down", "Right", "Up"]
+  ids = prompts.builder_for(entry, env, tokenizer).step_prompt(obs, 1, 10, (), 0)
+  assert tokenizer.decode(ids) == f"<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
+  assert len(ids) == 40 <= config.actor_infer.strategy_args.max_prefill_length
+  assert len(ids) + entry.max_tokens_per_step <= config.actor_infer.strategy_args.max_cache_length
+  warm = [e for e in warm_start.WARM_START_ENVS if e[0] == "FrozenLake"][0][1]
+  assert warm.env_config.to_dict() == entry.env_config.to_dict()
+
+
 def test_think_warm_start_reads_the_neighbours_and_still_answers_at_random():
   """`think_tags`: each response opens with what lies next to P (perception of the
   board it answers), the answer stays uniform; an env without neighbours is named."""
@@ -131,7 +151,8 @@ def test_think_warm_start_reads_the_neighbours_and_still_answers_at_random():
   for episode in episodes:
     for sample in episode.samples:
       text = tokenizer.decode(sample.input_ids)
-      board = text.split("user\n")[1].split("<|im_end|>")[0].splitlines()
+      lines = text.split("user\n")[1].split("<|im_end|>")[0].splitlines()
+      board = [line for line in lines if " " not in line]  # the grid, not the neighbour line
       r, c = next((r, row.index("P")) for r, row in enumerate(board) if "P" in row)
       cells = [board[r][c - 1] if c else "#", board[r + 1][c] if r + 1 < len(board) else "#",
                board[r][c + 1] if c + 1 < len(board[r]) else "#", board[r - 1][c] if r else "#"]

@@ -106,3 +106,21 @@ def test_neighbours_in_action_order_with_walls():
   assert env.neighbours() == "__O#"  # the start tile reads as frozen ice
   env.step("<answer>Down</answer>")
   assert env.neighbours() == "O___"  # at (1, 1): a hole on the left, ice elsewhere
+
+
+def test_show_neighbours_spells_out_the_tiles_next_to_the_player():
+  """`show_neighbours`: the grid, then one line naming each move's tile ('#' off the
+  board), updated after every step and on the terminal board; off by default."""
+  desc = ("SFH", "HFF", "FFG")
+  plain = frozenlake.FrozenLake(frozenlake.FrozenLakeConfig(desc=desc))
+  assert plain.reset(seed=0)[0] == "P_O\nO__\n__G"
+  env = frozenlake.FrozenLake(frozenlake.FrozenLakeConfig(desc=desc, show_neighbours=True))
+  obs, _ = env.reset(seed=0)
+  assert obs == "P_O\nO__\n__G\nLeft # Down O Right _ Up #"
+  assert env.observation_space.contains(obs)
+  obs, *_ = env.step("<answer>Right</answer>")
+  assert obs.splitlines()[-1] == "Left _ Down _ Right O Up #"
+  obs, reward, terminated, _, _ = env.step("<answer>Right</answer>")  # into the hole
+  assert terminated and reward == 0.0
+  assert obs == "__X\nO__\n__G\nLeft _ Down _ Right # Up #"
+  assert env.observation_space.contains(obs)

@@ -48,8 +48,12 @@ from rollx.rollout.types import Ticket, Trajectory, collate
 from rollx.trainer import packing
 
 SEQUENCE_LENGTH = 512
+# The FrozenLake observation of configs/frozenlake.py: the grid and the line naming the
+# tiles next to P (`show_neighbours`); predicting that line from the grid is perception
+# pretraining too (where P's neighbours sit in the flattened grid), no task signal.
 _FROZENLAKE = rollx_config.env_entry(
-    "FrozenLake", env_config=dict(size=4, p=0.8, is_slippery=False, max_steps=10),
+    "FrozenLake", env_config=dict(size=4, p=0.8, is_slippery=False, max_steps=10,
+                                  show_neighbours=True),
     max_tokens_per_step=12, **prompts.COMPACT_PROMPTS["FrozenLake"])  # room for a think
 # (tag, env entry, EnvManager options, share of the episodes): the prompts the default
 # model must read and answer in format, cut into samples the way its configs cut them

@@ -35,7 +35,8 @@ COMPACT_TURN_TEMPLATE = "{observation}"
 # prompts they would be ~40% of every sample's tokens.
 NO_SYSTEM_PROMPT = "none"
 COMPACT_PROMPTS = {
-    # the grid alone: 27 prompt tokens (chat markers + 4 rows of 4 cells + newlines)
+    # the observation alone: 27 prompt tokens for a 4x4 grid (chat markers + 4 rows of 4
+    # cells + newlines), 40 with the env's `show_neighbours` line (configs/frozenlake.py)
     "FrozenLake": dict(system_prompt=NO_SYSTEM_PROMPT, turn_template=COMPACT_TURN_TEMPLATE),
     "Sokoban": dict(system_prompt="Sokoban.", turn_template=COMPACT_TURN_TEMPLATE,
                     instructions="You are P. Push every box X onto a target O. Answer "
