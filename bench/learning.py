@@ -2,7 +2,7 @@
 
     python bench/learning.py --config=configs/frozenlake.py --minutes=30 --seed=1
     python bench/learning.py --config=configs/frozenlake.py --config.adv_estimator=gae \
-        --config.drop_zero_advantage_samples=False ...
+        --config.drop_zero_advantage_samples=False --config.episode_reward_gamma=1.0 ...
 
 Runs the real pipeline (Ray env workers, JetStream server, sharded train step)
 for a wall-clock budget, counting from before the pipeline is built (startup

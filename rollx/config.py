@@ -196,6 +196,12 @@ def default_config() -> ml_collections.ConfigDict:
           method="mean_std",  # mean_std | mean | identity
       ),
       step_reward_gamma=0.95,  # GiGPO step return discount
+      # Discount per env step of the episode score that grpo / gigpo / reinforce
+      # normalise: score = sum_t gamma^t r_t over the episode's steps (step-wise samples).
+      # 1.0 = the plain sum (ROLL's score); < 1 scores a shorter success higher, so a
+      # move that wastes a step (into a wall, back and forth) is not credited like the
+      # moves that reach the goal.
+      episode_reward_gamma=1.0,
       gigpo_omega=1.0,  # GiGPO weight of the step-level advantage
       # -- workers -------------------------------------------------------------
       actor_train=_worker(learning_rate=1e-6, model_update_frequency=1),
@@ -331,7 +337,7 @@ def _ranges(c: _Checker, cfg):
   for key in ("eval_steps", "critic_warmup", "min_informative_groups"):
     if _is_int(cfg[key]):
       c.rule(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
-  for key in ("gamma", "lambd", "step_reward_gamma"):
+  for key in ("gamma", "lambd", "step_reward_gamma", "episode_reward_gamma"):
     if isinstance(cfg[key], float):
       c.rule(0.0 <= cfg[key] <= 1.0, key, f"must be in [0, 1], got {cfg[key]}")
   for key in ("pg_clip", "pg_clip_low", "pg_clip_high", "target_kl", "advantage_clip",
@@ -342,6 +348,14 @@ def _ranges(c: _Checker, cfg):
     if isinstance(cfg[key], float):
       c.rule(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
   c.choice(cfg, "adv_estimator", "adv_estimator", ADV_ESTIMATORS)
+  if isinstance(cfg.episode_reward_gamma, float) and cfg.episode_reward_gamma < 1.0:
+    # the discount needs each step's reward, which only step-wise samples carry; gae
+    # discounts with its own gamma along the tokens
+    c.rule(cfg.train_env_manager.env_manager_type == "step", "episode_reward_gamma",
+           "< 1 needs step-wise samples (train_env_manager.env_manager_type='step'), got "
+           f"env_manager_type={cfg.train_env_manager.env_manager_type!r}")
+    c.rule(cfg.adv_estimator != "gae", "episode_reward_gamma",
+           "< 1 is for grpo / gigpo / reinforce; gae discounts with gamma")
   if cfg.drop_zero_advantage_samples is True:
     # the samples are chosen before log-probs and values exist (that is the saving)
     c.rule(cfg.adv_estimator != "gae", "drop_zero_advantage_samples",

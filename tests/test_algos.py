@@ -59,6 +59,41 @@ def test_grpo_group_normalisation_by_hand():
   assert float(jnp.abs(adv[:, [0, 1, 4]]).max()) == 0.0
 
 
+def test_episode_reward_gamma_scores_a_shorter_success_higher_by_hand():
+  """Step-wise rows, shuffled: the episode score becomes sum_t gamma^t r_t from each
+  episode's own first step; grpo then centres those within the group (method mean)."""
+  # episode 0: success on its 3rd step; 1: an invalid answer (-0.01) at step 1, success
+  # on its 4th; 2: into a hole on its 2nd step; 3: a success on its 2nd step that starts
+  # at step_index 5 (t counts from the episode's first step)
+  rows = [(0, 0, 0.), (0, 1, 0.), (0, 2, 1.), (1, 0, 0.), (1, 1, -.01), (1, 2, 0.), (1, 3, 1.),
+          (2, 0, 0.), (2, 1, 0.), (3, 5, 0.), (3, 6, 1.)]
+  order = np.random.default_rng(0).permutation(len(rows))
+  rows = [rows[i] for i in order]
+  episode_ids = np.array([e for e, _, _ in rows])
+  step_index = np.array([s for _, s, _ in rows])
+  rewards = np.array([r for _, _, r in rows], np.float32)
+  want = {0: 0.81, 1: -0.009 + 0.729, 2: 0.0, 3: 0.9}
+  got = adv_lib.discounted_episode_scores(rewards, episode_ids, step_index, 0.9)
+  np.testing.assert_allclose(got, [want[e] for e in episode_ids], rtol=1e-6)
+  np.testing.assert_allclose(adv_lib.discounted_episode_scores(rewards, episode_ids, step_index, 1.0),
+                             [{0: 1., 1: .99, 2: 0., 3: 1.}[e] for e in episode_ids], rtol=1e-6)
+  mask = np.zeros((len(rows), 4), np.float32)
+  mask[:, 1:3] = 1
+  inputs = {"response_mask": jnp.asarray(mask), "scores": jnp.asarray(rewards),
+            "episode_scores": jnp.asarray([{0: 1., 1: .99, 2: 0., 3: 1.}[e] for e in episode_ids]),
+            "group_ids": jnp.zeros(len(rows), jnp.int32), "episode_ids": jnp.asarray(episode_ids),
+            "step_index": jnp.asarray(step_index), "token_kl": jnp.zeros((len(rows), 4))}
+  config = cfg(adv_estimator="grpo", whiten_advantages=False, episode_reward_gamma=0.9)
+  config.reward_normalization.method = "mean"
+  adv, _ = adv_lib.compute_advantages(inputs, config)
+  mean = sum(want.values()) / 4
+  np.testing.assert_allclose(adv[:, 1], [want[e] - mean for e in episode_ids], rtol=1e-5)
+  assert adv[episode_ids == 3, 1].min() > adv[episode_ids == 0, 1].max() > adv[episode_ids == 1, 1].max()
+  config.episode_reward_gamma = 1.0  # the plain sum: the two clean successes alike
+  adv, _ = adv_lib.compute_advantages(inputs, config)
+  assert adv[episode_ids == 3, 1].min() == adv[episode_ids == 0, 1].max()
+
+
 def test_reinforce_discounted_returns_and_last_token_score():
   mask = jnp.array([[0, 1, 1, 0, 1, 0]], jnp.float32)
   inputs = {"response_mask": mask, "scores": jnp.array([2.0]), "group_ids": jnp.array([0]),

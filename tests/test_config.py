@@ -136,6 +136,13 @@ def test_type_and_unknown_key_errors(mutate, key, match):
     (lambda c: setattr(c.actor_infer.strategy_args, "max_prefill_length", 100),
      "actor_infer.strategy_args.max_prefill_length", "power of two"),
     (lambda c: setattr(c, "adv_estimator", "gae"), "drop_zero_advantage_samples", "critic"),
+    (lambda c: setattr(c, "episode_reward_gamma", 1.2), "episode_reward_gamma", "[0, 1]"),
+    (lambda c: c.update(episode_reward_gamma=0.9, adv_estimator="gae",
+                        drop_zero_advantage_samples=False), "episode_reward_gamma",
+     "gae discounts with gamma"),
+    (lambda c: (setattr(c, "episode_reward_gamma", 0.9),
+                setattr(c.train_env_manager, "env_manager_type", "trajectory")),
+     "episode_reward_gamma", "needs step-wise samples"),
     (lambda c: c.update(init_kl_coef=0.1, use_kl_loss=False), "drop_zero_advantage_samples",
      "KL penalty in the reward"),
 ])

@@ -18,7 +18,9 @@ REACH_BY_MIN, REACH, HOLD_TO_MIN, HOLD = 20.0, 0.8, 30.0, 0.7
 def test_frozenlake_learns_and_holds(estimator, seed, tmp_path):
   config = frozenlake.get_config()
   config.adv_estimator, config.seed, config.max_steps = estimator, seed, 100_000
-  config.drop_zero_advantage_samples = estimator != "gae"  # gae: every sample has a gradient
+  if estimator == "gae":
+    config.drop_zero_advantage_samples = False  # every sample has a gradient
+    config.episode_reward_gamma = 1.0  # gae discounts with its own gamma
   config.output_dir = str(tmp_path)
   config.logging_dir = str(tmp_path / "logs")
   config.render_save_dir = str(tmp_path / "render")

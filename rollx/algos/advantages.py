@@ -143,6 +143,19 @@ def step_returns(rewards_n, episode_ids_n, step_index_n, gamma: float) -> jax.Ar
   return jnp.sum(jnp.where(same & later, gamma**power * rewards_n[None, :], 0.0), axis=1)
 
 
+def discounted_episode_scores(rewards_n, episode_ids_n, step_index_n, gamma: float) -> np.ndarray:
+  """[N] each row's episode score sum_t gamma^t r_t, t counted from the episode's first
+  step (step-wise rows: one env step each, `rewards_n` the step's reward)."""
+  rewards, episodes = np.asarray(rewards_n, np.float64), np.asarray(episode_ids_n)
+  steps = np.asarray(step_index_n)
+  _, episode_of_row = np.unique(episodes, return_inverse=True)
+  first = np.full(episode_of_row.max(initial=-1) + 1, np.iinfo(np.int64).max)
+  np.minimum.at(first, episode_of_row, steps)
+  scores = np.zeros_like(first, np.float64)
+  np.add.at(scores, episode_of_row, gamma ** (steps - first[episode_of_row]) * rewards)
+  return scores[episode_of_row].astype(np.float32)
+
+
 def normalized_scores(inputs: Arrays, config) -> jax.Array:
   """Scores normalised by `reward_normalization` (grouping: group_ids / tag_ids / batch)."""
   rn = config.reward_normalization
@@ -308,6 +321,10 @@ def compute_advantages(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
   if config.adv_estimator not in ADVANTAGES:
     raise ValueError(f"adv_estimator {config.adv_estimator!r} is not one of {sorted(ADVANTAGES)}")
   n, t = np.shape(inputs["response_mask"])
+  gamma = config.get("episode_reward_gamma", 1.0)
+  if gamma < 1.0 and "episode_ids" in inputs:  # config.validate: step-wise rows only
+    inputs = dict(inputs, episode_scores=jnp.asarray(discounted_episode_scores(
+        inputs["scores"], inputs["episode_ids"], inputs["step_index"], gamma)))
   inputs = pad_rows(inputs, bucket(n, 64), bucket(t))
   adv, returns = ADVANTAGES[config.adv_estimator](inputs, config)
   mask = inputs["response_mask"]
