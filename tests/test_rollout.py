@@ -7,6 +7,7 @@ ordinary Qwen2 weights): every response is `<answer>{random action}</answer><eos
 import asyncio
 import collections
 import os
+import re
 import subprocess
 import sys
 import time
@@ -341,5 +342,8 @@ def test_play_cli_with_the_local_model():
        "--policy=model", "--val", "--config.custom_envs.FrozenLake.env_config.max_steps=2"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert result.stdout.count("[response]") == 2 and "----- turn 2 -----" in result.stdout
+  # the greedy policy may step into a hole on its first move (the shipped model decides)
+  turns = int(re.search(r"success \w+, (\d+) turns", result.stdout).group(1))
+  assert 1 <= turns <= 2 and result.stdout.count("[response]") == turns, result.stdout
+  assert f"----- turn {turns} -----" in result.stdout
   assert "ended: truncated" in result.stdout or "ended: terminated" in result.stdout
