@@ -58,7 +58,8 @@ def corpus():
   from rollx.rollout.prompts import SYSTEM_PROMPT, TURN_TEMPLATE
   rng = np.random.default_rng(0)
   specs = [("FrozenLake", {}), ("FrozenLake", {"is_slippery": True}),
-           ("FrozenLake", {"size": 6}), ("FrozenLake", {"show_neighbours": True})] + [("Sokoban", v) for v in sokoban.VARIANTS.values()]
+           ("FrozenLake", {"size": 6}), ("FrozenLake", {"show_neighbours": True})]
+  specs += [("Sokoban", v) for v in sokoban.VARIANTS.values()]
   for env_type, env_config in specs:
     env = envs.make_env(env_type, env_config)
     for seed in range(40):
