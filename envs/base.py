@@ -8,7 +8,10 @@
 configured `action_pattern`; a response that names no valid action is an invalid
 action: the state does not change, the reward is the env's `format_penalty`, and
 `info["action_is_valid"]` is False. It counts towards `max_steps` like any action,
-so a model that never answers well still ends its episode.
+so a model that never answers well still ends its episode. A valid action that
+leaves the observation as it was (a move into a wall) has `info["action_is_effective"]`
+False (RAGEN's name): a greedy history-free policy repeats such a move until
+`max_steps`, and counting them tells those episodes apart in the metrics.
 
 Subclasses provide `ACTIONS`, a dataclass `Config` (extending `TextEnvConfig`),
 and four hooks: `_new_episode(seed)`, `_apply(action)`, `render_text()`,
@@ -58,6 +61,7 @@ class TextEnv(gymnasium.Env):
         max_length=4096, charset=self.observation_charset())
     self.num_steps = 0
     self.num_invalid_actions = 0
+    self.num_ineffective_actions = 0
     self.done = True
     self.success = False
 
@@ -96,6 +100,7 @@ class TextEnv(gymnasium.Env):
     self._new_episode(int(seed))
     self.num_steps = 0
     self.num_invalid_actions = 0
+    self.num_ineffective_actions = 0
     self.done = False
     self.success = False
     return self.render_text(), {"seed": int(seed), "actions_left": self.actions_left}
@@ -109,16 +114,22 @@ class TextEnv(gymnasium.Env):
     if action is None:
       self.num_invalid_actions += 1
       reward, terminated = float(self.config.format_penalty), False
+      effective = False
     else:
+      before = self.render_text()
       reward, terminated, self.success = self._apply(action)
+      effective = terminated or self.render_text() != before
+      self.num_ineffective_actions += not effective
     truncated = not terminated and self.num_steps >= self.config.max_steps
     self.done = terminated or truncated
     info = {
         "action_is_valid": action is not None,
+        "action_is_effective": effective,
         "action": action,
         "success": bool(self.success),
         "actions_left": self.actions_left,
         "num_invalid_actions": self.num_invalid_actions,
+        "num_ineffective_actions": self.num_ineffective_actions,
     }
     return self.render_text(), float(reward), bool(terminated), bool(truncated), info
 

@@ -100,7 +100,8 @@ def main(argv: List[str]) -> None:
     print(f"===== {_ENV.value} episode {episode} (seed {seed}) =====")
     traj = asyncio.run(manager.run_episode(ticket))
     print(f"===== score {traj.score:+.2f}, success {traj.success}, {traj.num_turns} turns, "
-          f"{traj.num_invalid_actions} invalid, ended: {traj.finish} =====")
+          f"{traj.num_invalid_actions} invalid, {traj.num_ineffective_actions} ineffective, "
+          f"ended: {traj.finish} =====")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,25 @@ def test_invalid_action_is_penalised_counted_and_does_not_move():
     assert reward == pytest.approx(-0.01)
     assert not terminated and not info["action_is_valid"]
     assert info["num_invalid_actions"] == i + 1
+    assert not info["action_is_effective"] and info["num_ineffective_actions"] == 0
+
+
+def test_a_move_into_the_edge_is_valid_but_not_effective():
+  """A move off the board leaves P where it was: valid (gymnasium's semantics, no
+  penalty), counted as ineffective; a move, and the move onto the terminal tile, are
+  effective."""
+  env = frozenlake.FrozenLake(frozenlake.FrozenLakeConfig(desc=("SF", "HG")))
+  obs, _ = env.reset(seed=0)
+  for i, action in enumerate(["Up", "Left", "Up"]):
+    new_obs, reward, terminated, truncated, info = env.step(f"<answer>{action}</answer>")
+    assert new_obs == obs and reward == 0.0 and not terminated
+    assert info["action_is_valid"] and not info["action_is_effective"]
+    assert info["num_ineffective_actions"] == i + 1 and info["num_invalid_actions"] == 0
+  _, _, _, _, info = env.step("<answer>Right</answer>")
+  assert info["action_is_effective"] and info["num_ineffective_actions"] == 3
+  _, reward, terminated, _, info = env.step("<answer>Down</answer>")
+  assert terminated and reward == 1.0 and info["action_is_effective"]
+  assert env.reset(seed=0)[0] == obs and env.num_ineffective_actions == 0
 
 
 def test_max_steps_truncates_and_finished_episode_refuses_steps():

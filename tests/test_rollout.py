@@ -195,14 +195,14 @@ def test_redundancy_keeps_first_group_size_and_filter_keeps_high_std(policy_dir,
 
 
 def test_episode_metrics_per_tag_by_hand():
-  def traj(tag, score, success, turns, invalid, finish):
+  def traj(tag, score, success, turns, invalid, finish, ineffective=0):
     return Trajectory(ticket=Ticket(0, tag, 0, 0, 0), samples=[], score=score,
                       success=success, num_turns=turns, num_invalid_actions=invalid,
-                      finish=finish, start_version=0)
+                      finish=finish, start_version=0, num_ineffective_actions=ineffective)
   metrics = episode_metrics([
       traj("FrozenLake", 1.0, True, 2, 0, "terminated"),  # reached G
       traj("FrozenLake", 0.0, False, 3, 1, "terminated"),  # stepped into a hole
-      traj("FrozenLake", -0.01, False, 10, 1, "truncated"),  # walked back and forth
+      traj("FrozenLake", -0.01, False, 10, 1, "truncated", 8),  # pressed into a wall
       traj("FrozenLake", 0.0, False, 5, 0, "length"),  # out of tokens
       traj("Sokoban", 10.9, True, 4, 0, "terminated")])
   assert metrics["FrozenLake/success"] == 0.25
@@ -210,6 +210,7 @@ def test_episode_metrics_per_tag_by_hand():
   assert metrics["FrozenLake/score_min"] == -0.01 and metrics["FrozenLake/score_max"] == 1.0
   assert metrics["FrozenLake/episode_length"] == 5.0
   assert metrics["FrozenLake/invalid_action_rate"] == 2 / 20
+  assert metrics["FrozenLake/ineffective_action_rate"] == 8 / 20
   assert metrics["FrozenLake/truncated_rate"] == 0.5
   assert metrics["FrozenLake/num_episodes"] == 4
   assert metrics["Sokoban/truncated_rate"] == 0.0 and metrics["Sokoban/success"] == 1.0

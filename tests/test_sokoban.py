@@ -55,14 +55,16 @@ def test_reward_table():
                    "#__XO#",
                    "######"])
   step = lambda a: env.step(f"<answer>{a}</answer>")
-  assert step("Up")[1] == pytest.approx(-0.1)  # bump into a wall: step cost, no move
-  assert env.player == 7
+  _, r, _, _, info = step("Up")  # bump into a wall: step cost, no move
+  assert r == pytest.approx(-0.1) and env.player == 7
+  assert info["action_is_valid"] and not info["action_is_effective"]
   _, r, term, _, info = step("Right")  # push box 1 onto floor
   assert r == pytest.approx(-0.1) and not term and info["action_is_valid"]
+  assert info["action_is_effective"]
   _, r, *_ = step("Right")  # push box 1 onto the target
   assert r == pytest.approx(-0.1 + 1.0)
-  _, r, *_ = step("Right")  # box blocked by the wall: no move
-  assert r == pytest.approx(-0.1) and env.player == 9
+  _, r, _, _, info = step("Right")  # box blocked by the wall: no move
+  assert r == pytest.approx(-0.1) and env.player == 9 and not info["action_is_effective"]
   assert step("nothing")[1] == pytest.approx(-0.15)  # invalid action: penalty, no move
   assert step("Down")[1] == pytest.approx(-0.1) and env.player == 9  # box 2 into a wall
   step("Left"), step("Down")  # walk to box 2's left

@@ -133,7 +133,9 @@ class EnvManager:
       score += reward
       record = {"turn": turn, "prompt_ids": list(prompt), "response_ids": response,
                 "response": text, "action": info["action"], "reward": reward,
-                "valid": info["action_is_valid"], "observation": acted_on}
+                "valid": info["action_is_valid"],
+                "effective": info.get("action_is_effective", info["action_is_valid"]),
+                "observation": acted_on}
       transcript.append(record)
       if self.on_turn is not None:
         self.on_turn(self, record)
@@ -156,5 +158,6 @@ class EnvManager:
     return Trajectory(
         ticket=ticket, samples=samples, score=float(score), success=bool(info["success"]),
         num_turns=len(transcript), num_invalid_actions=int(info.get("num_invalid_actions", 0)),
+        num_ineffective_actions=int(info.get("num_ineffective_actions", 0)),
         finish=finish, start_version=min(response_versions, default=-1),
         transcript=transcript, frames=frames)

@@ -257,10 +257,12 @@ class RolloutScheduler:
 
 
 def episode_metrics(trajectories: List[Trajectory]) -> Dict[str, float]:
-  """Per-tag success rate, score mean/max/min, episode length, invalid-action rate and
-  truncated rate: episodes the env did not end (out of actions, turns or tokens). A
-  greedy history-free policy that walks back and forth between two states shows up
-  there, where the success rate alone cannot tell it from steps into a hole."""
+  """Per-tag success rate, score mean/max/min, episode length, invalid- and
+  ineffective-action rates (per action) and truncated rate: episodes the env did not
+  end (out of actions, turns or tokens). A greedy history-free policy that walks back
+  and forth between two states, or into a wall, shows up there, where the success
+  rate alone cannot tell it from steps into a hole; the wall shows up as ineffective
+  actions too."""
   by_tag: Dict[str, List[Trajectory]] = collections.defaultdict(list)
   for t in trajectories:
     by_tag[t.ticket.tag].append(t)
@@ -275,6 +277,8 @@ def episode_metrics(trajectories: List[Trajectory]) -> Dict[str, float]:
         f"{tag}/score_min": float(scores.min()),
         f"{tag}/episode_length": float(np.mean([t.num_turns for t in ts])),
         f"{tag}/invalid_action_rate": float(sum(t.num_invalid_actions for t in ts) / max(turns, 1)),
+        f"{tag}/ineffective_action_rate": float(
+            sum(t.num_ineffective_actions for t in ts) / max(turns, 1)),
         f"{tag}/truncated_rate": float(np.mean([t.finish != "terminated" for t in ts])),
         f"{tag}/response_length": float(np.mean([t.num_response_tokens / max(t.num_turns, 1)
                                                  for t in ts])),

@@ -41,6 +41,7 @@ class Trajectory:
   num_invalid_actions: int
   finish: str  # terminated | truncated (the env's move limit) | length (out of tokens)
   start_version: int  # oldest policy version used by any response
+  num_ineffective_actions: int = 0  # valid actions that left the observation unchanged
   transcript: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
   frames: List[np.ndarray] = dataclasses.field(default_factory=list)
 
