@@ -96,8 +96,8 @@ def get_config():
   # token kept ~1 nat of entropy, greedy validation picked from a flat distribution and
   # its history-free loops came and went (dips to 0.64 right after the first 0.8, session
   # 24); at 0.05 the token entropy falls to ~0.03 by minute 15 and seed 3 held >= 0.73,
-  # seeds 1 and 2 still dipped once (0.66 at 6.6 min, 0.68 at 11.0; session 25). 0.2 was chosen when the
-  # hole check had to be found by exploring (session 9)
+  # seeds 1 and 2 still dipped once (0.66 at 6.6 min, 0.68 at 11.0; session 25). 0.2
+  # was chosen when the hole check had to be found by exploring (session 9)
   config.kl_loss_coef = 0.05
   config.entropy_loss_coef = 0.0  # the KL loss to the (uniform) warm start keeps it exploring
 

@@ -114,12 +114,13 @@ class TextEnv(gymnasium.Env):
     if action is None:
       self.num_invalid_actions += 1
       reward, terminated = float(self.config.format_penalty), False
-      effective = False
+      before = None
     else:
       before = self.render_text()
       reward, terminated, self.success = self._apply(action)
-      effective = terminated or self.render_text() != before
-      self.num_ineffective_actions += not effective
+    obs = self.render_text()
+    effective = action is not None and (terminated or obs != before)
+    self.num_ineffective_actions += action is not None and not effective
     truncated = not terminated and self.num_steps >= self.config.max_steps
     self.done = terminated or truncated
     info = {
@@ -131,7 +132,7 @@ class TextEnv(gymnasium.Env):
         "num_invalid_actions": self.num_invalid_actions,
         "num_ineffective_actions": self.num_ineffective_actions,
     }
-    return self.render_text(), float(reward), bool(terminated), bool(truncated), info
+    return obs, float(reward), bool(terminated), bool(truncated), info
 
   def render(self, mode: Optional[str] = None):
     mode = mode or self.render_mode or "text"
