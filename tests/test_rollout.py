@@ -126,6 +126,11 @@ def test_token_exactness_against_server_outputs_and_templates(policy_dir, server
     assert tokenizer.decode(sample.input_ids) == rendered.rstrip("\n")
     assert all(r[-1] == tokenizer.eos_token_id for r in served)
     assert traj.num_invalid_actions == 0 and traj.num_turns == len(served)
+    # the env's ineffective-move count reaches the trajectory: every move after which the
+    # next observation is the same one counts (the last move's is not in the transcript)
+    repeats = sum(prev["observation"] == turn["observation"]
+                  for prev, turn in zip(traj.transcript, traj.transcript[1:]))
+    assert repeats <= traj.num_ineffective_actions <= repeats + 1
 
 
 class FlakyLake(FrozenLake):
