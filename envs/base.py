@@ -11,7 +11,10 @@ action: the state does not change, the reward is the env's `format_penalty`, and
 so a model that never answers well still ends its episode. A valid action that
 leaves the observation as it was (a move into a wall) has `info["action_is_effective"]`
 False (RAGEN's name): a greedy history-free policy repeats such a move until
-`max_steps`, and counting them tells those episodes apart in the metrics.
+`max_steps`, and counting them tells those episodes apart in the metrics. With
+`ineffective_action_ends_episode` such a move ends the episode instead (terminated,
+not a success, the move's own reward): what a greedy history-free policy's episode
+comes to anyway, since the same prompt gets the same answer until `max_steps`.
 
 Subclasses provide `ACTIONS`, a dataclass `Config` (extending `TextEnvConfig`),
 and four hooks: `_new_episode(seed)`, `_apply(action)`, `render_text()`,
@@ -35,6 +38,8 @@ RENDER_MODES = ("text", "rgb_array")
 class TextEnvConfig:
   max_steps: int = 10  # actions per episode, invalid ones included; then truncated
   format_penalty: float = -0.1  # reward of an invalid (unparseable) action
+  # A valid action that changes nothing (a move into a wall) ends the episode, a failure.
+  ineffective_action_ends_episode: bool = False
   action_pattern: str = parsing.DEFAULT_ACTION_PATTERN  # one capture group
 
 
@@ -121,6 +126,8 @@ class TextEnv(gymnasium.Env):
     obs = self.render_text()
     effective = action is not None and (terminated or obs != before)
     self.num_ineffective_actions += action is not None and not effective
+    if action is not None and not effective and self.config.ineffective_action_ends_episode:
+      terminated, self.success = True, False
     truncated = not terminated and self.num_steps >= self.config.max_steps
     self.done = terminated or truncated
     info = {

@@ -59,6 +59,33 @@ def test_a_move_into_the_edge_is_valid_but_not_effective():
   assert env.reset(seed=0)[0] == obs and env.num_ineffective_actions == 0
 
 
+def test_ineffective_action_ends_episode_only_when_configured():
+  """With `ineffective_action_ends_episode` a move off the board is a failure that ends
+  the episode (as a fall into a hole does); an invalid answer still does not end it, and
+  effective moves play on."""
+  env = frozenlake.FrozenLake(frozenlake.FrozenLakeConfig(
+      desc=("SF", "HG"), ineffective_action_ends_episode=True))
+  obs, _ = env.reset(seed=0)
+  new_obs, reward, terminated, truncated, info = env.step("<answer>nope</answer>")
+  assert not terminated and not info["action_is_valid"]
+  new_obs, reward, terminated, truncated, info = env.step("<answer>Right</answer>")
+  assert not terminated and info["action_is_effective"]
+  new_obs, reward, terminated, truncated, info = env.step("<answer>Up</answer>")
+  assert terminated and not truncated and reward == 0.0 and not info["success"]
+  assert not info["action_is_effective"] and info["num_ineffective_actions"] == 1
+  assert env.done
+  with pytest.raises(RuntimeError, match="reset"):
+    env.step("<answer>Down</answer>")
+  env.reset(seed=0)
+  env.step("<answer>Right</answer>")
+  _, reward, terminated, _, info = env.step("<answer>Down</answer>")
+  assert terminated and reward == 1.0 and info["success"] and info["action_is_effective"]
+  # the default: the same move leaves the episode running (see the test above)
+  default = frozenlake.FrozenLake(frozenlake.FrozenLakeConfig(desc=("SF", "HG")))
+  default.reset(seed=0)
+  assert not default.step("<answer>Up</answer>")[2]
+
+
 def test_max_steps_truncates_and_finished_episode_refuses_steps():
   env = envs.make_env("FrozenLake", dict(max_steps=3))
   env.reset(seed=0)
