@@ -200,13 +200,16 @@ def test_redundancy_keeps_first_group_size_and_filter_keeps_high_std(policy_dir,
 
 
 def test_episode_metrics_per_tag_by_hand():
-  def traj(tag, score, success, turns, invalid, finish, ineffective=0):
+  def traj(tag, score, success, turns, invalid, finish, ineffective=0, actions=()):
+    transcript = [{"action": a, "valid": a is not None} for a in actions]
     return Trajectory(ticket=Ticket(0, tag, 0, 0, 0), samples=[], score=score,
                       success=success, num_turns=turns, num_invalid_actions=invalid,
-                      finish=finish, start_version=0, num_ineffective_actions=ineffective)
+                      finish=finish, start_version=0, num_ineffective_actions=ineffective,
+                      transcript=transcript)
   metrics = episode_metrics([
-      traj("FrozenLake", 1.0, True, 2, 0, "terminated"),  # reached G
-      traj("FrozenLake", 0.0, False, 3, 1, "terminated"),  # stepped into a hole
+      traj("FrozenLake", 1.0, True, 2, 0, "terminated", actions=("Right", "Down")),  # reached G
+      traj("FrozenLake", 0.0, False, 3, 1, "terminated",
+           actions=("Down", None, "Down")),  # an invalid answer, then into a hole
       traj("FrozenLake", -0.01, False, 10, 1, "truncated", 8),  # pressed into a wall
       traj("FrozenLake", 0.0, False, 5, 0, "length"),  # out of tokens
       traj("Sokoban", 10.9, True, 4, 0, "terminated")])
@@ -219,6 +222,10 @@ def test_episode_metrics_per_tag_by_hand():
   assert metrics["FrozenLake/truncated_rate"] == 0.5
   assert metrics["FrozenLake/num_episodes"] == 4
   assert metrics["Sokoban/truncated_rate"] == 0.0 and metrics["Sokoban/success"] == 1.0
+  # shares of the valid actions in the transcripts (the invalid answer is not one)
+  assert metrics["FrozenLake/action_share/Down"] == 3 / 4
+  assert metrics["FrozenLake/action_share/Right"] == 1 / 4
+  assert not any(k.startswith("Sokoban/action_share") for k in metrics)  # no transcript
 
 
 # -- Ray ------------------------------------------------------------------------------

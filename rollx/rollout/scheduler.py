@@ -262,7 +262,9 @@ def episode_metrics(trajectories: List[Trajectory]) -> Dict[str, float]:
   end (out of actions, turns or tokens). A greedy history-free policy that walks back
   and forth between two states, or into a wall, shows up there, where the success
   rate alone cannot tell it from steps into a hole; the wall shows up as ineffective
-  actions too."""
+  actions too. `<tag>/action_share/<action>`: each action's share of the valid actions
+  (from the transcripts): a policy drifting towards one move on every board shows there
+  before it shows in success."""
   by_tag: Dict[str, List[Trajectory]] = collections.defaultdict(list)
   for t in trajectories:
     by_tag[t.ticket.tag].append(t)
@@ -284,4 +286,9 @@ def episode_metrics(trajectories: List[Trajectory]) -> Dict[str, float]:
                                                  for t in ts])),
         f"{tag}/num_episodes": float(len(ts)),
     })
+    actions = collections.Counter(turn["action"] for t in ts for turn in t.transcript
+                                  if turn.get("valid") and turn.get("action") is not None)
+    total = sum(actions.values())
+    out.update({f"{tag}/action_share/{action}": count / total
+                for action, count in sorted(actions.items())})
   return out
