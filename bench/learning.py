@@ -65,9 +65,9 @@ def plot(curves, path: str, title: str, minutes: float, refs=(), bar=0.8) -> Non
   for label, level in refs:
     for x0 in range(left, w - right, 8):
       d.line([(x0, y(level)), (x0 + 3, y(level))], fill=(90, 90, 90))
-    # a third of the way in, clear of the legend; under the line unless it is near the top
-    # (the 0.8 bar line sits just above levels like 0.77)
-    d.text((left + (w - left - right) // 3, y(level) - 14 if level > 0.85 else y(level) + 2),
+    # at the left, where the curves are still low; under the line unless it is near the
+    # top (the 0.8 bar line sits just above levels like 0.77)
+    d.text((left + 10, y(level) - 14 if level > 0.85 else y(level) + 2),
            label, fill=(90, 90, 90))
   for m in range(0, int(minutes) + 1, 5):
     d.text((x(m) - 6, h - bottom + 6), str(m), fill="black")
@@ -77,8 +77,11 @@ def plot(curves, path: str, title: str, minutes: float, refs=(), bar=0.8) -> Non
     pts = [(x(c[0]), y(c[2])) for c in curve]
     if len(pts) > 1:
       d.line(pts, fill=colors[i % len(colors)], width=2)
-    # legend top left: early in a run the curves are low there
-    d.text((left + 10, top + 4 + 14 * i), label, fill=colors[i % len(colors)])
+    # legend bottom right: late in a run the curves are high (top left, where they start
+    # low, fills up once several runs rise fast)
+    width = max(d.textlength(lab) for lab, _ in curves)
+    d.text((w - right - 10 - width, h - bottom - 8 - 14 * (len(curves) - i)), label,
+           fill=colors[i % len(colors)])
   d.text((left, 8), title, fill="black")
   d.text((w // 2 - 90, h - 18), "wall-clock minutes, 2 CPU cores", fill="black")
   img.save(path)
