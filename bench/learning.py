@@ -73,13 +73,13 @@ def plot(curves, path: str, title: str, minutes: float, refs=(), bar=0.8) -> Non
     d.text((x(m) - 6, h - bottom + 6), str(m), fill="black")
   colors = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
             (140, 86, 75)]
+  # legend bottom right: late in a run the curves are high (top left, where they start
+  # low, fills up once several runs rise fast)
+  width = max((d.textlength(label) for label, _ in curves), default=0)
   for i, (label, curve) in enumerate(curves):
     pts = [(x(c[0]), y(c[2])) for c in curve]
     if len(pts) > 1:
       d.line(pts, fill=colors[i % len(colors)], width=2)
-    # legend bottom right: late in a run the curves are high (top left, where they start
-    # low, fills up once several runs rise fast)
-    width = max(d.textlength(lab) for lab, _ in curves)
     d.text((w - right - 10 - width, h - bottom - 8 - 14 * (len(curves) - i)), label,
            fill=colors[i % len(colors)])
   d.text((left, 8), title, fill="black")

@@ -109,8 +109,9 @@ def get_config():
   # about half of the updates, so the takeoff is at most ~1.6 min later (first >= 0.8 at
   # 7.2 / 10.4 / 8.5 min on seeds 1-3; 6.3 / 10.2 / 6.9 at 1e-3), and the smaller steps
   # after it stop greedy validation swinging from one evaluation to the next (seed 1 at
-  # 1e-3: 0.66 at 6.6 min, right after the first 0.8; at 5e-4 never below 0.78). 2e-3 blew the policy up at the end of warmup (KL to the
-  # warm start 0.03 -> 6 in one step, success 0.3 -> 0.01; README "Learning")
+  # 1e-3: 0.66 at 6.6 min, right after the first 0.8; at 5e-4 never below 0.78). 2e-3
+  # blew the policy up at the end of warmup (KL to the warm start 0.03 -> 6 in one step,
+  # success 0.3 -> 0.01; README "Learning")
   config.actor_train.training_args.learning_rate = 5e-4
   config.actor_train.training_args.warmup_steps = 10
   config.actor_train.training_args.lr_scheduler_type = "constant"
