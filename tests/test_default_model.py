@@ -136,8 +136,10 @@ def test_frozenlake_config_step_prompt_is_the_grid_and_the_neighbour_line():
   assert tokenizer.decode(ids) == f"<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n"
   assert len(ids) == 40 <= config.actor_infer.strategy_args.max_prefill_length
   assert len(ids) + entry.max_tokens_per_step <= config.actor_infer.strategy_args.max_cache_length
+  # the warm start plays the env RL plays: the same resolved env config, defaults included
   warm = [e for e in warm_start.WARM_START_ENVS if e[0] == "FrozenLake"][0][1]
-  assert warm.env_config.to_dict() == entry.env_config.to_dict()
+  assert (envs.make_env("FrozenLake", warm.env_config.to_dict()).config
+          == envs.make_env("FrozenLake", entry.env_config.to_dict()).config)
 
 
 def test_think_warm_start_reads_the_neighbours_and_still_answers_at_random():
