@@ -125,9 +125,10 @@ class TextEnv(gymnasium.Env):
       reward, terminated, self.success = self._apply(action)
     obs = self.render_text()
     effective = action is not None and (terminated or obs != before)
-    self.num_ineffective_actions += action is not None and not effective
-    if action is not None and not effective and self.config.ineffective_action_ends_episode:
-      terminated, self.success = True, False
+    ineffective = action is not None and not effective  # valid, and nothing changed
+    self.num_ineffective_actions += ineffective
+    if ineffective and self.config.ineffective_action_ends_episode:
+      terminated = True  # not a success: _apply reported none, or it would have terminated
     truncated = not terminated and self.num_steps >= self.config.max_steps
     self.done = terminated or truncated
     info = {

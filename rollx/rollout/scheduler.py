@@ -263,8 +263,8 @@ def episode_metrics(trajectories: List[Trajectory]) -> Dict[str, float]:
   and forth between two states, or into a wall, shows up there, where the success
   rate alone cannot tell it from steps into a hole; the wall shows up as ineffective
   actions too. `<tag>/action_share/<action>`: each action's share of the valid actions
-  (from the transcripts): a policy drifting towards one move on every board shows there
-  before it shows in success."""
+  (from the transcripts): a policy leaning towards one move on every board shows there,
+  where the success rate alone cannot tell it from other failures."""
   by_tag: Dict[str, List[Trajectory]] = collections.defaultdict(list)
   for t in trajectories:
     by_tag[t.ticket.tag].append(t)
@@ -287,7 +287,7 @@ def episode_metrics(trajectories: List[Trajectory]) -> Dict[str, float]:
         f"{tag}/num_episodes": float(len(ts)),
     })
     actions = collections.Counter(turn["action"] for t in ts for turn in t.transcript
-                                  if turn.get("valid") and turn.get("action") is not None)
+                                  if turn["valid"])
     total = sum(actions.values())
     out.update({f"{tag}/action_share/{action}": count / total
                 for action, count in sorted(actions.items())})
