@@ -18,7 +18,8 @@ comes to anyway, since the same prompt gets the same answer until `max_steps`.
 
 Subclasses provide `ACTIONS`, a dataclass `Config` (extending `TextEnvConfig`),
 and four hooks: `_new_episode(seed)`, `_apply(action)`, `render_text()`,
-`render_rgb()`; plus `instructions` for the prompt.
+`render_rgb()`; plus `instructions` for the prompt. Grid games whose rules ignore
+orientation also list `SYMMETRIES` and implement `symmetric_view` (envs.symmetry).
 """
 
 from __future__ import annotations
@@ -95,6 +96,16 @@ class TextEnv(gymnasium.Env):
   def instructions(self) -> str:
     """The game's rules, symbols and answer format, for the system/first prompt."""
     raise NotImplementedError
+
+  # Board symmetries (names in envs.symmetry.TRANSFORMS) under which this is the same
+  # game; `symmetric_view` shows a decision through them.
+  SYMMETRIES: ClassVar[Tuple[str, ...]] = ()
+
+  def symmetric_view(self, observation: str, action: Optional[str],
+                     transform: str) -> Tuple[str, Optional[str]]:
+    """An observation this env rendered, and the valid action taken on it (None for an
+    invalid answer), as they read on the board seen through `transform`."""
+    raise NotImplementedError(f"{type(self).__name__} has no board symmetries")
 
   # -- protocol ------------------------------------------------------------
   def reset(self, seed: Optional[int] = None,

@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 from gymnasium.envs.toy_text import frozen_lake
 
-from envs import base
+from envs import base, symmetry
 from envs.registry import register_env
 
 # gymnasium's action ids.
@@ -77,10 +77,33 @@ def _has_path(grid: np.ndarray, start, goal) -> bool:
   return False
 
 
+_PLAYER_SYMBOLS = (SYMBOLS["player"], SYMBOLS["player_in_hole"], SYMBOLS["player_on_goal"])
+
+
+def _neighbour_tiles(grid: List[List[str]], position: Tuple[int, int]) -> str:
+  pr, pc = position
+  out = []
+  for dr, dc in (symmetry.MOVES[action] for action in ACTION_IDS):
+    r, c = pr + dr, pc + dc
+    inside = 0 <= r < len(grid) and 0 <= c < len(grid[0])
+    out.append(grid[r][c] if inside else "#")
+  return "".join(out)
+
+
+def _board_text(grid: List[List[str]], position: Tuple[int, int], show_neighbours: bool) -> str:
+  text = "\n".join("".join(row) for row in grid)
+  if show_neighbours:
+    text += "\n" + " ".join(f"{action} {tile}" for action, tile in
+                            zip(ACTION_IDS, _neighbour_tiles(grid, position)))
+  return text
+
+
 @register_env("FrozenLake")
 class FrozenLake(base.TextEnv):
   ACTIONS = tuple(ACTION_IDS)
   Config = FrozenLakeConfig
+  # map generation and (slippery or not) dynamics look the same turned or mirrored
+  SYMMETRIES = tuple(symmetry.TRANSFORMS)
 
   def __init__(self, config: Optional[FrozenLakeConfig] = None, render_mode=None):
     super().__init__(config, render_mode)
@@ -148,21 +171,20 @@ class FrozenLake(base.TextEnv):
     as an instruct model asked to "look around first" would; which move is good it
     does not say.
     """
-    pr, pc = self.position
-    grid = self.render_grid()
-    out = []
-    for dr, dc in ((0, -1), (1, 0), (0, 1), (-1, 0)):
-      r, c = pr + dr, pc + dc
-      inside = 0 <= r < len(grid) and 0 <= c < len(grid[0])
-      out.append(grid[r][c] if inside else "#")
-    return "".join(out)
+    return _neighbour_tiles(self.render_grid(), self.position)
 
   def render_text(self) -> str:
-    text = "\n".join("".join(row) for row in self.render_grid())
-    if self.config.show_neighbours:
-      text += "\n" + " ".join(f"{action} {tile}"
-                              for action, tile in zip(ACTION_IDS, self.neighbours()))
-    return text
+    return _board_text(self.render_grid(), self.position, self.config.show_neighbours)
+
+  def symmetric_view(self, observation: str, action: Optional[str],
+                     transform: str) -> Tuple[str, Optional[str]]:
+    lines = observation.split("\n")
+    grid = symmetry.transform_board(lines[:-1] if self.config.show_neighbours else lines,
+                                    transform)
+    player = next((r, c) for r, row in enumerate(grid) for c, tile in enumerate(row)
+                  if tile in _PLAYER_SYMBOLS)
+    moved = symmetry.transform_move(action, transform) if action is not None else None
+    return _board_text(grid, player, self.config.show_neighbours), moved
 
   def render_rgb(self) -> np.ndarray:
     return base.grid_to_rgb(self.render_grid(), _PALETTE)

@@ -49,3 +49,16 @@ def parse_action(text, valid_actions: Sequence[str],
     if answer == action.lower():
       return action
   return None
+
+
+def replace_action(text: str, action: str, pattern: str = DEFAULT_ACTION_PATTERN) -> str:
+  """`text` with the action its first `pattern` match names replaced by `action`
+  (whitespace around it kept); `text` itself when nothing matches."""
+  match = compile_action_pattern(pattern).search(text[:MAX_RESPONSE_CHARS])
+  if match is None or match.group(1) is None:
+    return text
+  start, end = match.span(1)
+  inner = text[start:end]
+  lead = len(inner) - len(inner.lstrip())
+  trail = len(inner.rstrip())
+  return text[:start] + inner[:lead] + action + inner[trail:] + text[end:]

@@ -121,6 +121,9 @@ def _env_manager(*, num_env_groups: int, group_size: int) -> ml_collections.Conf
       history_length=2,  # step-wise prompts: how many past steps they show
       group_size_redundancy=0,  # extra envs per group; the first group_size episodes count
       group_filter_ratio=1.0,  # StarPO-S: keep this fraction of groups, by reward std
+      # step-wise training: each step also trained as seen through these board symmetries
+      # (envs.symmetry.TRANSFORMS, e.g. ("rot180",)); grid envs that list them only
+      symmetric_views=(),
   )
 
 
@@ -519,6 +522,33 @@ def _cluster(c: _Checker, cfg):
              f"not one of {', '.join(_RAY_BUILTIN_RESOURCES)}")
 
 
+def _symmetric_views(c: _Checker, cfg, name: str):
+  m, key = cfg[name], f"{name}.symmetric_views"
+  views = m.get("symmetric_views", ())
+  if not views:
+    return
+  if not isinstance(views, (tuple, list)) or not all(isinstance(v, str) for v in views):
+    c.error(key, f"must be a tuple of board symmetry names, got {views!r}")
+    return
+  c.rule(name == "train_env_manager", key, "views are training samples; validation "
+         "plays the policy's own episodes only")
+  c.rule(m.env_manager_type == "step", key,
+         f"needs step-wise samples ({name}.env_manager_type='step'), got "
+         f"{m.env_manager_type!r}")
+  for view in views:
+    if view not in envs.symmetry.TRANSFORMS:
+      c.error(key, f"unknown board symmetry {view!r}"
+              f"{_did_you_mean(view, envs.symmetry.TRANSFORMS)}; known: "
+              f"{', '.join(envs.symmetry.TRANSFORMS)}")
+  for tag in m.tags if isinstance(m.tags, tuple) else ():
+    env_type = cfg.custom_envs[tag].get("env_type") if tag in cfg.custom_envs else None
+    if env_type in envs.registered_env_types():
+      missing = [v for v in views if v in envs.symmetry.TRANSFORMS
+                 and v not in envs.env_class(env_type).SYMMETRIES]
+      c.rule(not missing, key, f"env {tag!r} ({env_type}) has no board symmetry "
+             f"{missing}; it has {list(envs.env_class(env_type).SYMMETRIES) or 'none'}")
+
+
 def _env_managers(c: _Checker, cfg):
   for name in ENV_MANAGERS:
     m = cfg[name]
@@ -531,6 +561,7 @@ def _env_managers(c: _Checker, cfg):
       if _is_int(m[key]):
         c.rule(m[key] >= 0, f"{name}.{key}", f"must be >= 0, got {m[key]}")
     c.choice(m, "env_manager_type", f"{name}.env_manager_type", ENV_MANAGER_TYPES)
+    _symmetric_views(c, cfg, name)
     if isinstance(m.group_filter_ratio, float):
       c.rule(0 < m.group_filter_ratio <= 1, f"{name}.group_filter_ratio",
              f"must be in (0, 1], got {m.group_filter_ratio}")

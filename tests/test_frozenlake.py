@@ -170,3 +170,51 @@ def test_show_neighbours_spells_out_the_tiles_next_to_the_player():
   assert terminated and reward == 0.0
   assert obs == "__X\nO__\n__G\nLeft _ Down _ Right # Up #"
   assert env.observation_space.contains(obs)
+
+
+def test_board_symmetries_relabel_moves_by_hand():
+  from envs import symmetry
+  assert {m: symmetry.transform_move(m, "rot180") for m in symmetry.MOVES} == {
+      "Left": "Right", "Down": "Up", "Right": "Left", "Up": "Down"}
+  # a quarter turn anticlockwise: what was to the right is now above
+  assert {m: symmetry.transform_move(m, "rot90") for m in symmetry.MOVES} == {
+      "Left": "Down", "Down": "Right", "Right": "Up", "Up": "Left"}
+  assert symmetry.transform_board(["ab", "cd"], "rot90") == [["b", "d"], ["a", "c"]]
+  assert symmetry.transform_board(["ab", "cd"], "anti_transpose") == [["d", "b"], ["c", "a"]]
+  for name in symmetry.TRANSFORMS:  # each is a bijection of the four moves
+    assert sorted(symmetry.transform_move(m, name) for m in symmetry.MOVES) == sorted(
+        symmetry.MOVES)
+
+
+@pytest.mark.parametrize("show_neighbours", [False, True])
+def test_symmetric_view_is_the_same_game_played_on_the_transformed_map(show_neighbours):
+  """Playing a map, and playing its transformed copy with relabelled moves, give at
+  every step the observations that `symmetric_view` derives from the first."""
+  from envs import symmetry
+  rng = np.random.default_rng(0)
+  for name in symmetry.TRANSFORMS:
+    for seed in range(5):
+      desc = frozenlake.generate_map(4, 0.8, np.random.default_rng(seed))
+      turned = ["".join(r) for r in symmetry.transform_board(desc, name)]
+      a = envs.make_env("FrozenLake", dict(desc=tuple(desc), show_neighbours=show_neighbours))
+      b = envs.make_env("FrozenLake", dict(desc=tuple(turned), show_neighbours=show_neighbours))
+      obs_a, _ = a.reset(seed=seed)
+      obs_b, _ = b.reset(seed=seed)
+      for _ in range(10):
+        move = str(rng.choice(frozenlake.FrozenLake.ACTIONS))
+        assert a.symmetric_view(obs_a, move, name) == (obs_b, symmetry.transform_move(move, name))
+        assert a.symmetric_view(obs_a, None, name) == (obs_b, None)  # an invalid answer
+        obs_a, r_a, done_a, trunc_a, _ = a.step(f"<answer>{move}</answer>")
+        obs_b, r_b, done_b, trunc_b, _ = b.step(
+            f"<answer>{symmetry.transform_move(move, name)}</answer>")
+        assert (r_a, done_a, trunc_a) == (r_b, done_b, trunc_b)
+        if done_a or trunc_a:
+          break
+
+
+def test_replace_action_keeps_the_rest_of_the_response():
+  from envs.parsing import replace_action
+  assert replace_action("<answer> Left </answer>", "Right") == "<answer> Right </answer>"
+  assert replace_action("so <answer>up</answer> <answer>Down</answer>", "Left") == (
+      "so <answer>Left</answer> <answer>Down</answer>")
+  assert replace_action("no answer", "Up") == "no answer"

@@ -6,11 +6,13 @@ ordinary Qwen2 weights): every response is `<answer>{random action}</answer><eos
 
 import asyncio
 import collections
+import dataclasses
 import os
 import re
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -26,7 +28,7 @@ from rollx.rollout.env_manager import EnvManager
 from rollx.rollout.env_worker import manager_kwargs, start_rollout
 from rollx.rollout.render import save_episode_frames
 from rollx.rollout.scheduler import RolloutScheduler, env_layout, episode_metrics
-from rollx.rollout.types import Ticket, Trajectory
+from rollx.rollout.types import Ticket, Trajectory, collate
 from rollx.serving.client import RolloutClient
 from tests.conftest import ROOT
 from tests.ray_utils import start_local_ray
@@ -185,6 +187,94 @@ def test_step_wise_samples_carry_step_rewards_and_anchor_hashes(policy_dir, serv
   for traj in batch.trajectories:
     firsts[traj.ticket.group_id].add(traj.samples[0].anchor)
   assert all(len(a) == 1 for a in firsts.values())
+
+
+def test_symmetric_views_are_the_steps_seen_turned_as_further_episodes_of_the_group(
+    policy_dir, server):
+  config = make_config(policy_dir, num_env_groups=2, group_size=2, env_manager_type="step",
+                       history_length=1, tags=("FrozenLake",),
+                       symmetric_views=("rot180", "transpose"))
+  config.custom_envs.FrozenLake.env_config.show_neighbours = True
+  _, managers, [(batch, _)] = asyncio.run(collect_local(config, server))
+  env, builder = managers[0].env, managers[0].builder
+  tokenizer = builder.tokenizer
+  played = len(batch.trajectories)
+  assert played == 4  # views add rows, not episodes
+  moved = {"rot180": {"Left": "Right", "Right": "Left", "Up": "Down", "Down": "Up"},
+           "transpose": {"Left": "Up", "Up": "Left", "Right": "Down", "Down": "Right"}}
+  for traj in batch.trajectories:
+    assert list(traj.views) == ["rot180", "transpose"]
+    for view, samples in traj.views.items():
+      assert len(samples) == len(traj.samples) == traj.num_turns
+      history = []
+      for sample, turn in zip(samples, traj.transcript):
+        seen, action = env.symmetric_view(turn["observation"], turn["action"], view)
+        prompt = builder.step_prompt(seen, turn["turn"], 4 - turn["turn"] + 1, history, 1)
+        assert sample.input_ids[:len(prompt)] == prompt
+        response = tokenizer.decode(sample.input_ids[len(prompt):], skip_special_tokens=True)
+        assert response == f"<answer>{moved[view][turn['action']]}</answer>"
+        assert sample.input_ids[-1] == tokenizer.eos_token_id
+        assert sample.response_mask == [0] * len(prompt) + [1] * (len(sample.input_ids) - len(prompt))
+        assert sample.reward == turn["reward"] and sample.anchor == prompts.observation_hash(seen)
+        history.append({"turn_idx": turn["turn"], "observation": seen, "action": action,
+                        "reward": turn["reward"]})
+    # the first step's board turned half round is the played board upside down and back
+    first = traj.transcript[0]["observation"].split("\n")[:4]
+    seen = env.symmetric_view(traj.transcript[0]["observation"], "Left", "rot180")[0]
+    assert seen.split("\n")[:4] == [row[::-1] for row in first[::-1]]
+  # collate: a trajectory's views follow it as further episodes of its group, same score
+  row = 0
+  for k, traj in enumerate(batch.trajectories):
+    for e, samples in enumerate([traj.samples, *traj.views.values()]):
+      rows = np.flatnonzero(batch.episode_ids == 3 * k + e)
+      assert list(rows) == list(range(row, row + len(samples)))
+      assert [list(batch.input_ids[r, :len(s.input_ids)]) for r, s in zip(rows, samples)] == [
+          s.input_ids for s in samples]
+      assert list(batch.step_index[rows]) == list(range(traj.num_turns))
+      assert set(batch.episode_scores[rows]) == {traj.score}
+      assert set(batch.group_ids[rows]) == {batch.group_ids[np.flatnonzero(
+          batch.episode_ids == 3 * k)[0]]}
+      row += len(samples)
+  assert row == len(batch) and batch.episode_ids.max() + 1 == 3 * played
+  # the shipped advantage path (grpo, group mean, discount, whitening, dropped groups)
+  # gives the played rows the advantages they have without views: views change no
+  # group's mean or spread, only add rows
+  import configs.frozenlake as frozenlake_config
+  from rollx import pipeline
+  shipped = frozenlake_config.get_config()
+  rng = np.random.default_rng(0)
+  for traj in batch.trajectories:
+    rewards = rng.choice([0.0, 0.0, -0.01, 1.0], size=traj.num_turns)
+    for samples in (traj.samples, *traj.views.values()):
+      for sample, reward in zip(samples, rewards):
+        sample.reward = float(reward)
+    traj.score = float(rewards.sum())
+  with_views = collate(batch.trajectories, config.sequence_length)
+  plain = collate([dataclasses.replace(t, views={}) for t in batch.trajectories],
+                  config.sequence_length)
+  holder = types.SimpleNamespace(config=shipped)
+  adv_views, _ = pipeline.AgenticPipeline.advantages(
+      holder, with_views, {"response_mask": with_views.response_mask})
+  adv_plain, _ = pipeline.AgenticPipeline.advantages(
+      holder, plain, {"response_mask": plain.response_mask})
+  assert np.abs(adv_plain).max() > 0.1
+  played_rows = np.isin(with_views.episode_ids, np.arange(0, 3 * played, 3))
+  np.testing.assert_allclose(adv_views[played_rows], adv_plain, rtol=0, atol=1e-6)
+
+
+def test_symmetric_views_config_errors_name_the_key(policy_dir):
+  bad = [(dict(symmetric_views=("mirror",)), "unknown board symmetry 'mirror'"),
+         (dict(symmetric_views=("rot180",), env_manager_type="trajectory"), "step-wise"),
+         (dict(symmetric_views=("rot180",), env_manager_type="step"),
+          "env 'Sokoban' (Sokoban) has no board symmetry ['rot180']")]
+  for manager, message in bad:
+    with pytest.raises(config_lib.ConfigError, match=re.escape(message)) as e:
+      make_config(policy_dir, **manager)
+    assert "train_env_manager.symmetric_views" in str(e.value)
+  config = make_config(policy_dir, tags=("FrozenLake",))
+  config.val_env_manager.update(env_manager_type="step", symmetric_views=("rot180",))
+  with pytest.raises(config_lib.ConfigError, match="val_env_manager.symmetric_views"):
+    config_lib.validate(config)
 
 
 def test_redundancy_keeps_first_group_size_and_filter_keeps_high_std(policy_dir, server):

@@ -12,6 +12,14 @@ Two ways to cut a trajectory into training samples:
 - step-wise (GiGPO): one sample per env step: instructions + the last
   `history_length` steps + this observation, then the response; reward = the
   step's env reward; tagged with a hash of the observation (anchor state).
+  With `symmetric_views` (grid envs, training only) each step also yields the same
+  decision seen through board symmetries (`Trajectory.views`): the observation
+  turned or mirrored, the move in the response relabelled, the same rewards. Over
+  a decision and its views the moves balance (rot180 pairs Left with Right and Up
+  with Down), so an update cannot push the policy towards one direction on every
+  board at once, and the hole and wall lessons of one board reach its symmetric
+  twins. The views are not the policy's own samples: their log-probs come from the
+  trainer's pass like any row, and they add no episodes to the metrics.
 
 `generate` is any async callable with the RolloutClient's signature, so the same
 loop runs against JetStream servers (training), a local model or a person typing
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Dict, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
 
 import envs
 from rollx.rollout import prompts
@@ -45,7 +53,8 @@ class EnvManager:
   def __init__(self, env_id: int, tag: str, entry, tokenizer, generate: GenerateFn, *,
                mode: str = "train", sequence_length: int = 1024,
                max_prompt_length: Optional[int] = None, step_wise: bool = False,
-               history_length: int = 2, render: bool = False, on_turn=None):
+               history_length: int = 2, render: bool = False, on_turn=None,
+               symmetric_views: Sequence[str] = ()):
     self.env_id, self.tag, self.entry = env_id, tag, entry
     self.env_type = entry["env_type"]
     self.env_config = dict(entry["env_config"])
@@ -58,6 +67,13 @@ class EnvManager:
     self.render, self.on_turn = render, on_turn
     self.builder = prompts.builder_for(entry, self.env, tokenizer)
     self.num_env_errors = 0
+    self.symmetric_views = tuple(symmetric_views)
+    unsupported = [v for v in self.symmetric_views if v not in self.env.SYMMETRIES]
+    if unsupported or (self.symmetric_views and not step_wise):
+      raise ValueError(
+          f"symmetric_views {unsupported or list(self.symmetric_views)}: env {tag!r} "
+          f"({self.env_type}) supports {list(self.env.SYMMETRIES) or 'none'}, and views "
+          f"need step-wise samples (env_manager_type='step')")
 
   # -- the loop ----------------------------------------------------------------------
   async def run_rollout_loop(self, scheduler) -> None:
@@ -97,6 +113,8 @@ class EnvManager:
     versions: List[int] = []
     samples: List[Sample] = []
     history: List[Dict[str, Any]] = []
+    views: Dict[str, List[Sample]] = {v: [] for v in self.symmetric_views}
+    view_history: Dict[str, List[Dict[str, Any]]] = {v: [] for v in self.symmetric_views}
     transcript: List[Dict[str, Any]] = []
     score, turn, finish, info = 0.0, 0, "", {"success": False, "num_invalid_actions": 0}
     prompt = b.first_prompt(obs, env.actions_left)
@@ -125,7 +143,7 @@ class EnvManager:
       mask += [1] * len(response)
       versions += list(gen.token_versions) or [gen.policy_version] * len(response)
       text = self.tokenizer.decode(response, skip_special_tokens=True)
-      acted_on = obs
+      acted_on, actions_left = obs, env.actions_left
       if hasattr(env, "astep"):  # envs that wait on I/O (tools, web) step asynchronously
         obs, reward, terminated, truncated, info = await env.astep(text)
       else:
@@ -142,6 +160,10 @@ class EnvManager:
       if self.step_wise:
         samples.append(Sample(list(ids), list(mask), list(versions), float(reward),
                               step_index=turn - 1, anchor=prompts.observation_hash(acted_on)))
+        for view in self.symmetric_views:
+          views[view].append(self._view_sample(
+              view, acted_on, info["action"], text, response, gen, turn, view_history[view],
+              reward, actions_left))
         history.append({"turn_idx": turn, "observation": acted_on,
                         "action": info["action"] or text.strip()[:32], "reward": reward})
       if terminated or truncated:
@@ -158,4 +180,23 @@ class EnvManager:
         num_turns=len(transcript), num_invalid_actions=int(info.get("num_invalid_actions", 0)),
         num_ineffective_actions=int(info.get("num_ineffective_actions", 0)),
         finish=finish, start_version=min(response_versions, default=-1),
-        transcript=transcript, frames=frames)
+        transcript=transcript, frames=frames, views=views)
+
+  def _view_sample(self, view: str, observation: str, action: Optional[str], text: str,
+                   response: List[int], gen, turn: int, history: List[Dict[str, Any]],
+                   reward: float, actions_left: int) -> Sample:
+    """The step's decision seen through board symmetry `view` (see the module doc)."""
+    seen, moved = self.env.symmetric_view(observation, action, view)
+    prompt = self.builder.step_prompt(seen, turn, actions_left, history, self.history_length)
+    if moved is None:  # an invalid answer is invalid on any board: the same ids
+      response_ids = list(response)
+    else:
+      response_ids = self.builder.encode(
+          envs.parsing.replace_action(text, moved, self.env.config.action_pattern))
+      if response and response[-1] == self.builder.eos_id:
+        response_ids.append(self.builder.eos_id)
+    history.append({"turn_idx": turn, "observation": seen,
+                    "action": moved or text.strip()[:32], "reward": reward})
+    return Sample(prompt + response_ids, [0] * len(prompt) + [1] * len(response_ids),
+                  [-1] * len(prompt) + [gen.policy_version] * len(response_ids), float(reward),
+                  step_index=turn - 1, anchor=prompts.observation_hash(seen))

@@ -57,7 +57,8 @@ def manager_kwargs(config: ml_collections.ConfigDict, manager: str) -> dict:
       mode="train" if manager == "train_env_manager" else "val",
       sequence_length=min(config.sequence_length, infer.max_cache_length),
       max_prompt_length=infer.max_prefill_length,
-      step_wise=m.env_manager_type == "step", history_length=m.history_length)
+      step_wise=m.env_manager_type == "step", history_length=m.history_length,
+      symmetric_views=tuple(m.get("symmetric_views", ())))
 
 
 class EnvWorker:

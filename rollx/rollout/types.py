@@ -44,6 +44,9 @@ class Trajectory:
   num_ineffective_actions: int = 0  # valid actions that left the observation unchanged
   transcript: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
   frames: List[np.ndarray] = dataclasses.field(default_factory=list)
+  # step-wise training only: board symmetry -> the episode's samples seen through it
+  # (rollx.rollout.env_manager); each is one more episode of the group in the batch
+  views: Dict[str, List[Sample]] = dataclasses.field(default_factory=dict)
 
   @property
   def num_response_tokens(self) -> int:
@@ -78,15 +81,23 @@ class RolloutBatch:
 def collate(trajectories: Sequence[Trajectory], sequence_length: int,
             group_key=lambda t: (t.ticket.tag, t.ticket.group_id, t.ticket.generation)
             ) -> RolloutBatch:
-  """Stacks trajectories' samples into right-padded [N, sequence_length] arrays."""
-  rows = [(t, s) for t in trajectories for s in t.samples]
+  """Stacks trajectories' samples into right-padded [N, sequence_length] arrays.
+
+  A trajectory's symmetric views (`Trajectory.views`) follow its own samples as
+  further episodes of its group, with its episode score: a group's score mean and
+  spread, and so its advantages, are those of its played episodes.
+  """
+  episode_rows = [(t, samples) for t in trajectories
+                  for samples in (t.samples, *t.views.values())]
+  rows = [(t, s) for t, samples in episode_rows for s in samples]
+  episode_of_row = [e for e, (_, samples) in enumerate(episode_rows) for _ in samples]
   n, width = len(rows), sequence_length
   ids = np.zeros((n, width), np.int32)
   seg = np.zeros((n, width), np.int32)
   mask = np.zeros((n, width), np.float32)
   vers = np.full((n, width), -1, np.int32)
   groups: Dict[Any, int] = {}
-  episodes: Dict[int, int] = {}
+  episodes: Dict[int, int] = {}  # numbered in order of first row
   for i, (t, s) in enumerate(rows):
     if len(s.input_ids) > width:
       raise ValueError(f"a sample of {len(s.input_ids)} tokens exceeds sequence_length={width}")
@@ -94,14 +105,14 @@ def collate(trajectories: Sequence[Trajectory], sequence_length: int,
     ids[i, :k], seg[i, :k] = s.input_ids, 1
     mask[i, :k], vers[i, :k] = s.response_mask, s.token_versions
     groups.setdefault(group_key(t), len(groups))
-    episodes.setdefault(id(t), len(episodes))
+    episodes.setdefault(episode_of_row[i], len(episodes))
   responses = lambda s: [v for v, m in zip(s.token_versions, s.response_mask) if m]
   return RolloutBatch(
       input_ids=ids, segment_ids=seg, response_mask=mask, token_versions=vers,
       rewards=np.array([s.reward for _, s in rows], np.float32),
       episode_scores=np.array([t.score for t, _ in rows], np.float32),
       group_ids=np.array([groups[group_key(t)] for t, _ in rows], np.int32),
-      episode_ids=np.array([episodes[id(t)] for t, _ in rows], np.int32),
+      episode_ids=np.array([episodes[e] for e in episode_of_row], np.int32),
       step_index=np.array([s.step_index for _, s in rows], np.int32),
       anchors=[s.anchor for _, s in rows], tags=[t.ticket.tag for t, _ in rows],
       policy_versions=np.array([min(responses(s), default=-1) for _, s in rows], np.int32),
