@@ -4,9 +4,8 @@ A grid game whose rules do not care about orientation (FrozenLake: the map
 generator and the dynamics look the same rotated or mirrored) has, for every
 decision (observation, move), equally valid copies seen through each symmetry: the
 board transformed and the move relabelled ("Left" on a board turned half round is
-"Right"). Training on such copies next to the played decision keeps the update from
-pushing the policy towards one direction on every board at once
-(`train_env_manager.symmetric_views`, rollx.rollout.env_manager).
+"Right"). Training on such copies next to the played decision balances the moves a
+batch reinforces (`train_env_manager.symmetric_views`, rollx.rollout.env_manager).
 
 Each transform acts on the board (an array of tiles, row 0 at the top) and on a move
 vector (d_row, d_col); the two agree: a player at (r, c) moving by v lands on the

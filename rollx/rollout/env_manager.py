@@ -15,11 +15,12 @@ Two ways to cut a trajectory into training samples:
   With `symmetric_views` (grid envs, training only) each step also yields the same
   decision seen through board symmetries (`Trajectory.views`): the observation
   turned or mirrored, the move in the response relabelled, the same rewards. Over
-  a decision and its views the moves balance (rot180 pairs Left with Right and Up
-  with Down), so an update cannot push the policy towards one direction on every
-  board at once, and the hole and wall lessons of one board reach its symmetric
-  twins. The views are not the policy's own samples: their log-probs come from the
-  trainer's pass like any row, and they add no episodes to the metrics.
+  a decision and its views the reinforced moves balance (rot180 pairs Left with
+  Right and Up with Down), and the hole and wall lessons of one board reach its
+  symmetric twins. The views are not the policy's own samples: their log-probs come
+  from the trainer's pass like any row (so they count in the trust region's KL),
+  and they add no episodes to the metrics. On FrozenLake (session 27) they did not
+  steady greedy validation: the README's "Learning" has the measurement.
 
 `generate` is any async callable with the RolloutClient's signature, so the same
 loop runs against JetStream servers (training), a local model or a person typing
