@@ -17,8 +17,8 @@ Expected:  (session 27) greedy validation on 128 unseen maps, 30 min each: seed 
            holds on the 3 GRPO seeds (one run each, a fast day: ~1.6-1.85 s per
            step; the first 0.8 came at steps 170-220). GAE (--config.adv_estimator=gae
            --config.drop_zero_advantage_samples=False --config.episode_reward_gamma=1.0)
-           held at 0.02 (session 26, seed 1: first >= 0.8 at 11.0 min, min after 0.80);
-           not yet rerun at 0.01.
+           seed 1: first >= 0.8 at 11.3 min, min after it 0.73, mean 0.89, ~3.9 s/step:
+           holds too.
            With the trust region at 0.02 (session 26) seed 2 fell to 0.69 at 14.6
            min, and with lr 1e-3 as well (sessions 24-25) the hold broke within ~2
            minutes of the first 0.8 on 5 of 8 GRPO runs (0.64-0.68). Before session 24
