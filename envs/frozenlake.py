@@ -178,12 +178,10 @@ class FrozenLake(base.TextEnv):
 
   def symmetric_view(self, observation: str, action: Optional[str],
                      transform: str) -> Tuple[str, Optional[str]]:
-    lines = observation.split("\n")
-    grid = symmetry.transform_board(lines[:-1] if self.config.show_neighbours else lines,
-                                    transform)
+    grid, moved = symmetry.transform_decision(observation, action, transform,
+                                              footer_lines=int(self.config.show_neighbours))
     player = next((r, c) for r, row in enumerate(grid) for c, tile in enumerate(row)
                   if tile in _PLAYER_SYMBOLS)
-    moved = symmetry.transform_move(action, transform) if action is not None else None
     return _board_text(grid, player, self.config.show_neighbours), moved
 
   def render_rgb(self) -> np.ndarray:

@@ -17,10 +17,11 @@ from typing import Dict, FrozenSet, List, Optional, Tuple
 import gymnasium
 import numpy as np
 
-from envs import base
+from envs import base, symmetry
 from envs.registry import register_env
 
 ACTION_DELTAS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+NEIGHBOUR_ORDER = tuple(symmetry.MOVES)  # Left, Down, Right, Up: FrozenLake's line order
 CELL_NAMES = ("wall", "empty", "target", "box_on_target", "box", "player",
               "player_on_target")
 DEFAULT_GRID_LOOKUP = {"wall": "#", "empty": "_", "target": "O", "box_on_target": "√",
@@ -50,6 +51,14 @@ class SokobanConfig(base.TextEnvConfig):
   format_penalty: float = -0.15  # reward of an invalid action
   grid_lookup: Optional[Dict[str, str]] = None  # cell name -> symbol; None = ROLL's
   grid_vocab: Optional[Dict[str, str]] = None  # symbol -> meaning for the prompt
+  # Below the grid, a line naming, for each move, the tile next to the player and the one
+  # beyond it, e.g. "Left #_ Down __ Right X_ Up _O": what a push would move and into
+  # what (a wall beyond the border). Perception, not advice (which move is good it does not
+  # say), in FrozenLake's format (`FrozenLakeConfig.show_neighbours`), for the same
+  # reason: a small model reads 2-D neighbours out of a flattened grid slowly. The shipped
+  # default model was not warm started with it on Sokoban: it answers such prompts with
+  # more board text ~40-50% of the time (session 28), so a run needs a model that was.
+  show_neighbours: bool = False
 
 
 # Named variants (ROLL's): use as `env_config` of a custom_envs entry.
@@ -199,10 +208,37 @@ def move(level: Level, player: int, boxes: FrozenSet[int],
   return q, boxes, reward
 
 
+def _neighbour_tiles(grid: List[List[str]], position: Tuple[int, int], wall: str) -> str:
+  pr, pc = position
+  out = []
+  for action in NEIGHBOUR_ORDER:
+    dr, dc = ACTION_DELTAS[action]
+    for k in (1, 2):
+      r, c = pr + k * dr, pc + k * dc
+      inside = 0 <= r < len(grid) and 0 <= c < len(grid[0])
+      out.append(grid[r][c] if inside else wall)
+  return "".join(out)
+
+
+def _board_text(grid: List[List[str]], lookup: Dict[str, str], show_neighbours: bool) -> str:
+  text = "\n".join("".join(row) for row in grid)
+  if show_neighbours:
+    player = next((r, c) for r, row in enumerate(grid) for c, tile in enumerate(row)
+                  if tile in (lookup["player"], lookup["player_on_target"]))
+    tiles = _neighbour_tiles(grid, player, lookup["wall"])
+    text += "\n" + " ".join(f"{action} {tiles[2 * i:2 * i + 2]}"
+                             for i, action in enumerate(NEIGHBOUR_ORDER))
+  return text
+
+
 @register_env("Sokoban")
 class Sokoban(base.TextEnv):
   ACTIONS = ("Up", "Down", "Left", "Right")
   Config = SokobanConfig
+  # The rules (walls, pushes, targets) are the same turned or mirrored, so a view is a
+  # legal position whose relabelled move does what the played one did; a view of a
+  # non-square room is a room of the other shape
+  SYMMETRIES = tuple(symmetry.TRANSFORMS)
 
   def __init__(self, config: Optional[SokobanConfig] = None, render_mode=None):
     config = config if config is not None else SokobanConfig()
@@ -228,7 +264,10 @@ class Sokoban(base.TextEnv):
     self.boxes: FrozenSet[int] = frozenset()
 
   def observation_charset(self) -> str:
-    return "".join(self.lookup.values()) + "\n"
+    charset = "".join(self.lookup.values()) + "\n"
+    if self.config.show_neighbours:
+      charset += " " + "".join(sorted(set("".join(NEIGHBOUR_ORDER))))
+    return charset
 
   def check_config(self) -> None:
     check_level_args(self.config.dim_room, self.config.num_boxes, self.config.search_depth)
@@ -265,8 +304,23 @@ class Sokoban(base.TextEnv):
       grid.append(row)
     return grid
 
+  def neighbours(self) -> str:
+    """For each move in NEIGHBOUR_ORDER, the tile next to the player and the one beyond
+    it (a wall beyond the border), e.g. `#___X_#_`."""
+    return _neighbour_tiles(self._grid(), divmod(self.player, self.level.width),
+                            self.lookup["wall"])
+
+  def _grid(self) -> List[List[str]]:
+    return [[self.lookup[n] for n in row] for row in self.cell_names()]
+
   def render_text(self) -> str:
-    return "\n".join("".join(self.lookup[n] for n in row) for row in self.cell_names())
+    return _board_text(self._grid(), self.lookup, self.config.show_neighbours)
+
+  def symmetric_view(self, observation: str, action: Optional[str],
+                     transform: str) -> Tuple[str, Optional[str]]:
+    grid, moved = symmetry.transform_decision(observation, action, transform,
+                                              footer_lines=int(self.config.show_neighbours))
+    return _board_text(grid, self.lookup, self.config.show_neighbours), moved
 
   def render_rgb(self) -> np.ndarray:
     return base.grid_to_rgb(self.cell_names(), _PALETTE)

@@ -14,7 +14,7 @@ transformed board at T(r, c) + T(v).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,3 +43,13 @@ def transform_move(move: str, name: str) -> str:
   """The move that does on the transformed board what `move` does on the original."""
   target = TRANSFORMS[name][1](MOVES[move])
   return next(m for m, v in MOVES.items() if v == target)
+
+
+def transform_decision(observation: str, move: Optional[str], name: str,
+                       footer_lines: int = 0) -> Tuple[list, Optional[str]]:
+  """The board of a rendered `observation` (its last `footer_lines` lines, derived from
+  the board, left for the env to redraw) seen through `name`, and the move taken on it
+  relabelled (None, an invalid answer, stays None)."""
+  lines = observation.split("\n")
+  board = transform_board(lines[:len(lines) - footer_lines], name)
+  return board, (transform_move(move, name) if move is not None else None)

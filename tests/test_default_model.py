@@ -142,7 +142,7 @@ def test_frozenlake_config_step_prompt_is_the_grid_and_the_neighbour_line():
           == envs.make_env("FrozenLake", entry.env_config.to_dict()).config)
 
 
-def test_think_warm_start_reads_the_neighbours_and_still_answers_at_random():
+def test_think_warm_start_reads_the_neighbours_and_still_answers_at_random(monkeypatch):
   """`think_tags`: each response opens with what lies next to P (perception of the
   board it answers), the answer stays uniform; an env without neighbours is named."""
   tokenizer = make_default.build_tokenizer(think=True)
@@ -164,5 +164,21 @@ def test_think_warm_start_reads_the_neighbours_and_still_answers_at_random():
   assert sorted(counts) == ["Down", "Left", "Right", "Up"]
   assert all(abs(n - len(actions) / 4) < 4 * (len(actions) / 4)**0.5 for n in counts.values())
   sokoban = [e for e in warm_start.WARM_START_ENVS if e[0] == "SimpleSokoban"]
-  with pytest.raises(ValueError, match="SimpleSokoban"):
-    warm_start.random_valid_episodes(tokenizer, sokoban, 4, seed=0, think_tags=("SimpleSokoban",))
+  with monkeypatch.context() as m:
+    m.delattr(envs.env_class("Sokoban"), "neighbours")
+    with pytest.raises(ValueError, match="SimpleSokoban"):
+      warm_start.random_valid_episodes(tokenizer, sokoban, 4, seed=0,
+                                       think_tags=("SimpleSokoban",))
+
+
+def test_sokoban_neighbours_variant_warm_starts_on_boards_with_the_line():
+  """`warm_start_envs(sokoban_neighbours=True)`: SimpleSokoban's boards end with the
+  neighbour line; the other entries, and the shipped list, are unchanged."""
+  plain, lined = warm_start.warm_start_envs(), warm_start.warm_start_envs(sokoban_neighbours=True)
+  assert [e[0] for e in plain] == [e[0] for e in lined] == [e[0] for e in warm_start.WARM_START_ENVS]
+  assert plain[:2] == lined[:2] and plain == warm_start.WARM_START_ENVS
+  tokenizer = make_default.build_tokenizer()
+  for entries, has_line in ((plain, False), (lined, True)):
+    (trajectory,) = warm_start.random_valid_episodes(tokenizer, entries[2:], 4, seed=0)
+    text = tokenizer.decode(trajectory.samples[0].input_ids)
+    assert ("\nLeft " in text) == has_line, text

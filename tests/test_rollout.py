@@ -52,6 +52,9 @@ def make_config(policy_dir, **manager):
   if "Flaky" in manager.get("tags", ()):
     c.custom_envs.Flaky = config_lib.env_entry("FlakyLake", dict(max_steps=3),
                                                max_tokens_per_step=8)
+  if "Windy" in manager.get("tags", ()):
+    c.custom_envs.Windy = config_lib.env_entry("WindyLake", dict(max_steps=3),
+                                               max_tokens_per_step=8)
   c.train_env_manager.update(num_env_groups=4, group_size=4, tags=("FrozenLake", "Sokoban"),
                              max_env_num_per_worker=5)
   c.train_env_manager.update(**manager)
@@ -147,6 +150,14 @@ class FlakyLake(FrozenLake):
 
 
 envs.register_env("FlakyLake")(FlakyLake)
+
+
+class WindyLake(FrozenLake):
+  """A lake whose wind would blow one way: no board symmetry (config checks)."""
+  SYMMETRIES = ()
+
+
+envs.register_env("WindyLake")(WindyLake)
 
 
 def test_env_that_raises_is_reset_counted_and_its_episode_rerun(policy_dir, server):
@@ -265,8 +276,9 @@ def test_symmetric_views_are_the_steps_seen_turned_as_further_episodes_of_the_gr
 def test_symmetric_views_config_errors_name_the_key(policy_dir):
   bad = [(dict(symmetric_views=("mirror",)), "unknown board symmetry 'mirror'"),
          (dict(symmetric_views=("rot180",), env_manager_type="trajectory"), "step-wise"),
-         (dict(symmetric_views=("rot180",), env_manager_type="step"),
-          "env 'Sokoban' (Sokoban) has no board symmetry ['rot180']")]
+         (dict(symmetric_views=("rot180",), env_manager_type="step",
+               tags=("FrozenLake", "Windy")),
+          "env 'Windy' (WindyLake) has no board symmetry ['rot180']")]
   for manager, message in bad:
     with pytest.raises(config_lib.ConfigError, match=re.escape(message)) as e:
       make_config(policy_dir, **manager)

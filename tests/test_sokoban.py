@@ -34,9 +34,9 @@ def test_larger_levels_are_solvable():
     assert solution is not None and len(solution) <= cfg["search_depth"]
 
 
-def _env_with(rows):
+def _env_with(rows, **config):
   """A Sokoban env set to a hand-drawn level (# wall, _ floor, O target, X box, P player)."""
-  env = envs.make_env("Sokoban", dict(max_steps=20))
+  env = envs.make_env("Sokoban", dict(max_steps=20, **config))
   env.reset(seed=0)
   w = len(rows[0])
   cells = {ch: {r * w + c for r, row in enumerate(rows) for c, x in enumerate(row) if x == ch}
@@ -81,6 +81,67 @@ def test_push_off_target_costs_one():
   _, r, *_ = env.step("<answer>Right</answer>")
   assert r == pytest.approx(-0.1 - 1.0)
   assert env.render_text().splitlines()[1] == "#_SX_O#"
+
+
+def test_show_neighbours_names_the_two_tiles_in_each_direction():
+  """`show_neighbours`: the grid, then for Left, Down, Right, Up the tile next to the
+  player and the one beyond it (a wall beyond the border); updated every step; off by
+  default; in the variant's own symbols."""
+  rows = ["######",
+          "#P_X_#",
+          "#_O__#",
+          "######"]
+  assert _env_with(rows).render_text() == "\n".join(rows)
+  env = _env_with(rows, show_neighbours=True)
+  assert env.render_text() == "\n".join(rows) + "\nLeft ## Down _# Right _X Up ##"
+  assert env.observation_space.contains(env.render_text())
+  env.step("<answer>Right</answer>")
+  assert env.render_text().splitlines()[-1] == "Left _# Down O# Right X_ Up ##"
+  obs, *_ = env.step("<answer>Right</answer>")  # push the box
+  assert obs.splitlines()[1] == "#__PX#" and obs.splitlines()[-1] == "Left __ Down _# Right X# Up ##"
+  env.step("<answer>Left</answer>")
+  env.step("<answer>Down</answer>")  # onto the target: S, and the line reads from there
+  assert env.render_text().splitlines()[2:] == ["#_S__#", "######",
+                                               "Left _# Down ## Right __ Up _#"]
+  edge = _env_with(["#P#", "###"], show_neighbours=True)  # beyond the border: a wall
+  assert edge.neighbours() == "########"
+  other = envs.make_env("Sokoban", dict(sokoban.VARIANTS["SokobanDifferentGridVocab"],
+                                        show_neighbours=True))
+  obs, _ = other.reset(seed=4)
+  assert "#" not in obs and obs.splitlines()[-1].startswith("Left ")
+  assert other.observation_space.contains(obs)
+
+
+@pytest.mark.parametrize("show_neighbours", [False, True])
+def test_symmetric_view_is_the_same_game_played_on_the_transformed_level(show_neighbours):
+  """Playing a level, and playing its transformed copy with relabelled moves, give at
+  every step the observations that `symmetric_view` derives from the first (pushes,
+  targets, the neighbour line, a non-square room turned a quarter)."""
+  from envs import symmetry
+  assert set(sokoban.Sokoban.SYMMETRIES) == set(symmetry.TRANSFORMS)
+  rng = np.random.default_rng(0)
+  for name in symmetry.TRANSFORMS:
+    for seed, dim_room in [(0, (6, 6)), (1, (6, 6)), (2, (6, 6)), (3, (5, 8))]:
+      a = envs.make_env("Sokoban", dict(dim_room=dim_room, max_steps=20,
+                                        show_neighbours=show_neighbours))
+      obs_a, _ = a.reset(seed=seed)
+      grid = obs_a.splitlines()[:dim_room[0]]
+      b = _env_with(["".join(r) for r in symmetry.transform_board(grid, name)],
+                    show_neighbours=show_neighbours)
+      obs_b = b.render_text()
+      # a solution first (pushes and a solve), then random moves
+      moves = sokoban_solver.solve(a.level) + [str(m) for m in rng.choice(a.ACTIONS, 6)]
+      for move in moves:
+        assert a.symmetric_view(obs_a, move, name) == (obs_b, symmetry.transform_move(move, name))
+        assert a.symmetric_view(obs_a, None, name) == (obs_b, None)  # an invalid answer
+        obs_a, r_a, done_a, _, _ = a.step(f"<answer>{move}</answer>")
+        obs_b, r_b, done_b, _, _ = b.step(
+            f"<answer>{symmetry.transform_move(move, name)}</answer>")
+        assert (r_a, done_a) == pytest.approx((r_b, done_b))
+        if done_a:
+          assert a.success and b.success
+          break
+      assert a.success and a.symmetric_view(obs_a, None, name)[0] == obs_b  # solved board
 
 
 def test_same_seed_same_level_different_seed_varies():

@@ -1,6 +1,7 @@
 """Builds the built-in default model directory `rollx/models/default/` (run once, shipped).
 
     python -m rollx.models.make_default        # ~12 min on 2 CPU cores
+    python -m rollx.models.make_default --sokoban_neighbours --out_dir=DIR   # a variant
 
 1. A byte-level BPE tokenizer (the `tokenizers` library) trained on text the envs
    and prompt templates produce: system prompt, game instructions, rendered
@@ -113,12 +114,14 @@ def build_tokenizer(think: bool = False):
 
 def build(out_dir: str = DEFAULT_DIR, seed: int = 0, warm_start_steps: int = WARM_START_STEPS,
           layers: int = LAYERS, heads: int = HEADS, rope_theta: float = ROPE_THETA,
-          think: bool = False) -> str:
+          think: bool = False, sokoban_neighbours: bool = False) -> str:
   """The default model (or, with other `layers` / `heads` / `rope_theta`, a variant: the
   capacity probe bench/frozenlake_probe.py) built and warm started in `out_dir`.
 
   `think`: FrozenLake responses open with `<think>` what lies next to P `</think>`
-  (warm_start.think_response; two more added tokens) before the random answer."""
+  (warm_start.think_response; two more added tokens) before the random answer.
+  `sokoban_neighbours`: SimpleSokoban's warm-start boards carry the neighbour line
+  (warm_start.warm_start_envs), for Sokoban runs with `show_neighbours`."""
   from rollx.models import hf, llm, warm_start
   if heads < 1 or HIDDEN % heads:
     raise ValueError(f"make_default.build: heads={heads} must divide the hidden size {HIDDEN}")
@@ -135,9 +138,22 @@ def build(out_dir: str = DEFAULT_DIR, seed: int = 0, warm_start_steps: int = WAR
   print(f"wrote {out_dir}: {config.num_params / 1e6:.2f}M params, vocab {len(tokenizer)}")
   if warm_start_steps:
     warm_start.warm_start(out_dir, steps=warm_start_steps, seed=seed,
+                          entries=warm_start.warm_start_envs(sokoban_neighbours),
                           think_tags=("FrozenLake", "FrozenLakeMultiTurn") if think else ())
   return out_dir
 
 
+def main(argv):
+  del argv
+  FLAGS = flags.FLAGS
+  build(FLAGS.out_dir, sokoban_neighbours=FLAGS.sokoban_neighbours)
+
+
 if __name__ == "__main__":
-  build()
+  # flags only when run as a script: importing this module must not claim flag names
+  from absl import app, flags
+  flags.DEFINE_string("out_dir", DEFAULT_DIR, "where to write the model (default: the "
+                      "shipped default model directory)")
+  flags.DEFINE_bool("sokoban_neighbours", False, "warm start SimpleSokoban with the "
+                    "neighbour line (a variant for Sokoban runs with show_neighbours)")
+  app.run(main)

@@ -63,13 +63,26 @@ _FROZENLAKE = rollx_config.env_entry(
 # game shows them; a history-free step sample is a lone board). With them, RL on
 # random maps took off after ~7-8k episodes instead of ~17-21k (2 seeds each, GPU
 # simulator of the step-wise GRPO loop; 8-19k on a second build; README "Learning").
-WARM_START_ENVS = (
-    ("FrozenLake", _FROZENLAKE, dict(step_wise=True, history_length=0), 0.45),
-    ("FrozenLakeMultiTurn", _FROZENLAKE, {}, 0.30),
-    ("SimpleSokoban", rollx_config.env_entry(
-        "Sokoban", env_config=dict(dim_room=(6, 6), num_boxes=1, search_depth=30, max_steps=10),
-        max_tokens_per_step=8, **prompts.COMPACT_PROMPTS["Sokoban"]), {}, 0.25),
-)
+def warm_start_envs(sokoban_neighbours: bool = False) -> tuple:
+  """The warm start's (tag, env entry, EnvManager options, share) list.
+
+  `sokoban_neighbours`: SimpleSokoban's transcripts carry the neighbour line
+  (`SokobanConfig.show_neighbours`), for a model built to play Sokoban with it
+  (`python -m rollx.models.make_default --sokoban_neighbours --out_dir=DIR`); the
+  shipped default model is built without (its Sokoban runs read the grid alone).
+  """
+  sokoban = rollx_config.env_entry(
+      "Sokoban", env_config=dict(dim_room=(6, 6), num_boxes=1, search_depth=30, max_steps=10,
+                                 **({"show_neighbours": True} if sokoban_neighbours else {})),
+      max_tokens_per_step=8, **prompts.COMPACT_PROMPTS["Sokoban"])
+  return (
+      ("FrozenLake", _FROZENLAKE, dict(step_wise=True, history_length=0), 0.45),
+      ("FrozenLakeMultiTurn", _FROZENLAKE, {}, 0.30),
+      ("SimpleSokoban", sokoban, {}, 0.25),
+  )
+
+
+WARM_START_ENVS = warm_start_envs()
 
 
 @dataclasses.dataclass
