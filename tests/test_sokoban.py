@@ -122,26 +122,28 @@ def test_symmetric_view_is_the_same_game_played_on_the_transformed_level(show_ne
   rng = np.random.default_rng(0)
   for name in symmetry.TRANSFORMS:
     for seed, dim_room in [(0, (6, 6)), (1, (6, 6)), (2, (6, 6)), (3, (5, 8))]:
-      a = envs.make_env("Sokoban", dict(dim_room=dim_room, max_steps=20,
-                                        show_neighbours=show_neighbours))
-      obs_a, _ = a.reset(seed=seed)
-      grid = obs_a.splitlines()[:dim_room[0]]
-      b = _env_with(["".join(r) for r in symmetry.transform_board(grid, name)],
-                    show_neighbours=show_neighbours)
-      obs_b = b.render_text()
-      # a solution first (pushes and a solve), then random moves
-      moves = sokoban_solver.solve(a.level) + [str(m) for m in rng.choice(a.ACTIONS, 6)]
-      for move in moves:
-        assert a.symmetric_view(obs_a, move, name) == (obs_b, symmetry.transform_move(move, name))
-        assert a.symmetric_view(obs_a, None, name) == (obs_b, None)  # an invalid answer
-        obs_a, r_a, done_a, _, _ = a.step(f"<answer>{move}</answer>")
-        obs_b, r_b, done_b, _, _ = b.step(
-            f"<answer>{symmetry.transform_move(move, name)}</answer>")
-        assert (r_a, done_a) == pytest.approx((r_b, done_b))
-        if done_a:
-          assert a.success and b.success
-          break
-      assert a.success and a.symmetric_view(obs_a, None, name)[0] == obs_b  # solved board
+      solution = None
+      # random moves (walks, bumps, pushes) on one play, a solution on another
+      for moves in ([str(m) for m in rng.choice(sokoban.Sokoban.ACTIONS, 8)], solution):
+        a = envs.make_env("Sokoban", dict(dim_room=dim_room, max_steps=20,
+                                          show_neighbours=show_neighbours))
+        obs_a, _ = a.reset(seed=seed)
+        moves = moves if moves is not None else sokoban_solver.solve(a.level)
+        b = _env_with(["".join(r) for r in symmetry.transform_board(
+            obs_a.splitlines()[:dim_room[0]], name)], show_neighbours=show_neighbours)
+        obs_b = b.render_text()
+        for move in moves:
+          assert a.symmetric_view(obs_a, move, name) == (
+              obs_b, symmetry.transform_move(move, name))
+          assert a.symmetric_view(obs_a, None, name) == (obs_b, None)  # an invalid answer
+          obs_a, r_a, done_a, _, _ = a.step(f"<answer>{move}</answer>")
+          obs_b, r_b, done_b, _, _ = b.step(
+              f"<answer>{symmetry.transform_move(move, name)}</answer>")
+          assert (r_a, done_a) == pytest.approx((r_b, done_b))
+          if done_a:
+            break
+        assert a.symmetric_view(obs_a, None, name)[0] == obs_b
+      assert a.success and b.success  # the solution's play: pushes and the solved board
 
 
 def test_same_seed_same_level_different_seed_varies():

@@ -73,7 +73,7 @@ def warm_start_envs(sokoban_neighbours: bool = False) -> tuple:
   """
   sokoban = rollx_config.env_entry(
       "Sokoban", env_config=dict(dim_room=(6, 6), num_boxes=1, search_depth=30, max_steps=10,
-                                 **({"show_neighbours": True} if sokoban_neighbours else {})),
+                                 show_neighbours=sokoban_neighbours),
       max_tokens_per_step=8, **prompts.COMPACT_PROMPTS["Sokoban"])
   return (
       ("FrozenLake", _FROZENLAKE, dict(step_wise=True, history_length=0), 0.45),
