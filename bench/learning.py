@@ -49,10 +49,12 @@ def learning_curve(config, minutes: float, log=print):
   return curve
 
 
-def plot(curves, path: str, title: str, minutes: float, refs=(), bar=0.8) -> None:
+def plot(curves, path: str, title: str, minutes: float, refs=(), bar=0.8,
+         legend_top: bool = False) -> None:
   """Validation success vs minutes, one line per run (PIL: no plotting dependency);
   `refs`: (label, success) levels drawn as dotted lines (e.g. a reference policy's);
-  `bar`: the grid line drawn darker (FrozenLake's 0.8 target; None for no target)."""
+  `bar`: the grid line drawn darker (FrozenLake's 0.8 target; None for no target);
+  `legend_top`: the legend at the top right, for curves that stay low (Sokoban)."""
   from PIL import Image, ImageDraw
   w, h, left, bottom, top, right = 640, 360, 50, 40, 30, 20
   img = Image.new("RGB", (w, h), "white")
@@ -80,8 +82,8 @@ def plot(curves, path: str, title: str, minutes: float, refs=(), bar=0.8) -> Non
     pts = [(x(c[0]), y(c[2])) for c in curve]
     if len(pts) > 1:
       d.line(pts, fill=colors[i % len(colors)], width=2)
-    d.text((w - right - 10 - width, h - bottom - 8 - 14 * (len(curves) - i)), label,
-           fill=colors[i % len(colors)])
+    row = top + 8 + 14 * i if legend_top else h - bottom - 8 - 14 * (len(curves) - i)
+    d.text((w - right - 10 - width, row), label, fill=colors[i % len(colors)])
   d.text((left, 8), title, fill="black")
   d.text((w // 2 - 90, h - 18), "wall-clock minutes, 2 CPU cores", fill="black")
   img.save(path)

@@ -10,8 +10,10 @@ Runtime:   not measured yet for this config (see the README table for FrozenLake
            seconds per step on 2 CPU cores).
 Expected:  the target is a SimpleSokoban success curve that rises over 60 min on 2 CPU
            cores (no threshold yet); RAGEN reports ~0.2 for Qwen2.5-0.5B. Not shown yet
-           (see the README's learning section). The default model is format-warm-started
-           on SimpleSokoban's compact prompts (rollx.models.warm_start).
+           (see the README's learning section; configs/simple_sokoban.py is the
+           config that rose). The default model is format-warm-started on
+           SimpleSokoban's compact prompts with the neighbour line
+           (rollx.models.warm_start), which this config shows on every variant.
 """
 
 from envs import sokoban
@@ -48,6 +50,8 @@ def get_config():
     text = dict(prompts.COMPACT_PROMPTS["Sokoban"])
     if "grid_lookup" in env_config:  # other symbols: keep the env's own legend
       del text["instructions"]
+    # the neighbour line, as the default model was warm started on SimpleSokoban
     config.custom_envs[variant] = rollx_config.env_entry(
-        "Sokoban", env_config=env_config, max_tokens_per_step=8, **text)
+        "Sokoban", env_config=dict(env_config, show_neighbours=True),
+        max_tokens_per_step=8, **text)
   return config

@@ -30,9 +30,13 @@ def test_simple_sokoban_is_the_frozenlake_recipe_on_sokoban():
   for manager in ("train_env_manager", "val_env_manager"):
     assert sokoban[manager].tags == ("SimpleSokoban",)
     assert sokoban[manager].env_manager_type == "step"
-  for key in ("adv_estimator", "kl_loss_coef", "max_update_kl", "min_informative_groups",
-              "drop_zero_advantage_samples", "rollout_batch_size", "val_batch_size"):
+  for key in ("kl_loss_coef", "max_update_kl", "min_informative_groups",
+              "drop_zero_advantage_samples", "rollout_batch_size", "val_batch_size",
+              "episode_reward_gamma"):
     assert sokoban[key] == frozenlake[key], key
+  # what Sokoban changes: step-level credit on shared boards, and the board's line
+  assert (frozenlake.adv_estimator, sokoban.adv_estimator) == ("grpo", "gigpo")
+  assert sokoban.custom_envs.SimpleSokoban.env_config.show_neighbours
 
 
 def test_a_key_switched_off_by_another_is_warned_about():

@@ -1,7 +1,7 @@
 """Builds the built-in default model directory `rollx/models/default/` (run once, shipped).
 
     python -m rollx.models.make_default        # ~12 min on 2 CPU cores
-    python -m rollx.models.make_default --sokoban_neighbours --out_dir=DIR   # a variant
+    python -m rollx.models.make_default --nosokoban_neighbours --out_dir=DIR  # sessions 23-28
 
 1. A byte-level BPE tokenizer (the `tokenizers` library) trained on text the envs
    and prompt templates produce: system prompt, game instructions, rendered
@@ -114,14 +114,15 @@ def build_tokenizer(think: bool = False):
 
 def build(out_dir: str = DEFAULT_DIR, seed: int = 0, warm_start_steps: int = WARM_START_STEPS,
           layers: int = LAYERS, heads: int = HEADS, rope_theta: float = ROPE_THETA,
-          think: bool = False, sokoban_neighbours: bool = False) -> str:
+          think: bool = False, sokoban_neighbours: bool = True) -> str:
   """The default model (or, with other `layers` / `heads` / `rope_theta`, a variant: the
   capacity probe bench/frozenlake_probe.py) built and warm started in `out_dir`.
 
   `think`: FrozenLake responses open with `<think>` what lies next to P `</think>`
   (warm_start.think_response; two more added tokens) before the random answer.
   `sokoban_neighbours`: SimpleSokoban's warm-start boards carry the neighbour line
-  (warm_start.warm_start_envs), for Sokoban runs with `show_neighbours`."""
+  (warm_start.warm_start_envs; the shipped recipe since session 29, False: the
+  sessions 23-28 recipe)."""
   from rollx.models import hf, llm, warm_start
   if heads < 1 or HIDDEN % heads:
     raise ValueError(f"make_default.build: heads={heads} must divide the hidden size {HIDDEN}")
@@ -154,6 +155,7 @@ if __name__ == "__main__":
   from absl import app, flags
   flags.DEFINE_string("out_dir", DEFAULT_DIR, "where to write the model (default: the "
                       "shipped default model directory)")
-  flags.DEFINE_bool("sokoban_neighbours", False, "warm start SimpleSokoban with the "
-                    "neighbour line (a variant for Sokoban runs with show_neighbours)")
+  flags.DEFINE_bool("sokoban_neighbours", True, "warm start SimpleSokoban with the "
+                    "neighbour line (the shipped recipe; --nosokoban_neighbours: the "
+                    "sessions 23-28 one)")
   app.run(main)
