@@ -14,6 +14,13 @@ from configs import frozenlake
 REACH_BY_MIN, REACH, HOLD_TO_MIN, HOLD = 20.0, 0.8, 30.0, 0.7
 
 
+def _write_under(config, tmp_path):
+  """Checkpoints, TensorBoard logs and GIFs of a run go under the test's temp dir."""
+  config.output_dir = str(tmp_path)
+  config.logging_dir = str(tmp_path / "logs")
+  config.render_save_dir = str(tmp_path / "render")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator,seed", [("grpo", 1), ("grpo", 2), ("grpo", 3), ("gae", 1)])
 def test_frozenlake_learns_and_holds(estimator, seed, tmp_path):
@@ -22,9 +29,7 @@ def test_frozenlake_learns_and_holds(estimator, seed, tmp_path):
   if estimator == "gae":
     config.drop_zero_advantage_samples = False  # every sample has a gradient
     config.episode_reward_gamma = 1.0  # gae discounts with its own gamma
-  config.output_dir = str(tmp_path)
-  config.logging_dir = str(tmp_path / "logs")
-  config.render_save_dir = str(tmp_path / "render")
+  _write_under(config, tmp_path)
   curve = learning.learning_curve(config, HOLD_TO_MIN)
   reached = [m for m, _, v, _ in curve if v >= REACH]
   assert reached and reached[0] <= REACH_BY_MIN, f"never >= {REACH} by minute {REACH_BY_MIN}: {curve}"
@@ -42,9 +47,7 @@ def test_one_fixed_map_is_learned_in_minutes(tmp_path):
   config = frozenlake.get_config()
   config.custom_envs.FrozenLake.env_config.desc = ("FFFF", "FSFG", "FHFF", "FFFF")
   config.eval_steps, config.max_steps = 3, 100_000
-  config.output_dir = str(tmp_path)
-  config.logging_dir = str(tmp_path / "logs")
-  config.render_save_dir = str(tmp_path / "render")
+  _write_under(config, tmp_path)
   curve = learning.learning_curve(config, 6.0)
   assert curve[0][3] <= 0.5 and max(t for _, _, _, t in curve) >= 0.8, curve
   assert curve[-1][3] >= curve[0][3] + 0.3 and curve[-1][2] == 1.0, curve
@@ -62,9 +65,7 @@ def test_simple_sokoban_rises_over_an_hour(tmp_path):
   from configs import simple_sokoban
   config = simple_sokoban.get_config()
   config.seed, config.max_steps = 1, 100_000
-  config.output_dir = str(tmp_path)
-  config.logging_dir = str(tmp_path / "logs")
-  config.render_save_dir = str(tmp_path / "render")
+  _write_under(config, tmp_path)
   curve = learning.learning_curve(config, SOKOBAN_MINUTES)
   first = [v for m, _, v, _ in curve if m <= 10.0]
   last = [v for m, _, v, _ in curve if m >= SOKOBAN_MINUTES - 20.0]
