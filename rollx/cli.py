@@ -30,7 +30,13 @@ def parse_flags(argv: List[str]) -> List[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    fail(str(e))
+    text = str(e)
+    if "Traceback (most recent call last)" in text:
+      # config_flags embeds the config file's traceback (get_config raised, e.g. on a
+      # bad `path:arg`): its first line names the flag, its last the error
+      lines = [line for line in text.splitlines() if line.strip()]
+      text = f"{lines[0].strip()} {lines[-1].strip()}"
+    fail(text)
   except (AttributeError, KeyError) as e:  # --config.<key> that does not exist
     text = str(e).replace("\\", "")
     match = re.search(r"[A-Za-z_][A-Za-z0-9_]*", text)

@@ -622,12 +622,14 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def load_file(path: str) -> ml_collections.ConfigDict:
   """`get_config()` of the config file at `path` (what --config=path loads, unvalidated):
-  for a config built on another (configs/simple_sokoban.py) and for tests."""
+  for a config built on another (configs/simple_sokoban.py) and for tests. As with
+  --config, `path:arg` calls `get_config(arg)` (configs/sokoban.py:multiturn)."""
+  path, sep, arg = path.partition(":")
   name = "rollx_config_" + os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(arg) if sep else module.get_config()
 
 
 def inactive_settings(config: ml_collections.ConfigDict) -> List[str]:

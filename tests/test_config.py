@@ -1,4 +1,5 @@
 import os
+import types
 
 import pytest
 
@@ -7,7 +8,9 @@ from tests.conftest import ROOT
 
 
 def load(name):
-  return config_lib.load_file(os.path.join(ROOT, "configs", f"{name}.py"))
+  """A shipped config by name; "sokoban:multiturn" passes "multiturn" to get_config."""
+  name, sep, arg = name.partition(":")
+  return config_lib.load_file(os.path.join(ROOT, "configs", f"{name}.py{sep}{arg}"))
 
 
 def errors_of(config):
@@ -16,7 +19,10 @@ def errors_of(config):
   return dict(e.value.errors)
 
 
-@pytest.mark.parametrize("name", ["frozenlake", "sokoban", "simple_sokoban"])
+SHIPPED = ["frozenlake", "sokoban", "sokoban:multiturn", "simple_sokoban"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_configs_validate(name):
   config = config_lib.validate(load(name))
   assert config.custom_envs
@@ -178,3 +184,58 @@ def test_normalisation_and_partition():
       "SimpleSokoban": 8, "LargerSokoban": 4, "SokobanDifferentGridVocab": 4}
   assert config_lib.groups_per_tag(config.val_env_manager) == {
       "SimpleSokoban": 17, "LargerSokoban": 17, "SokobanDifferentGridVocab": 16}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_configs_fit_a_full_length_episode_of_every_env(name):
+  """Every turn of the longest episode an env allows fits the config's token budgets.
+
+  The env manager ends an episode whose context no longer fits (finish "length",
+  counted in `<tag>/out_of_context_rate`) before the env's `max_steps`. A shipped config
+  must never do that: each answer here is the longest the config lets the model write
+  (`max_tokens_per_step` tokens, no EOS) and invalid, so the board never changes, no
+  episode ends early, and every turn is spent."""
+  import asyncio
+
+  from rollx import models
+  from rollx.models import hf
+  from rollx.rollout.env_manager import EnvManager
+  from rollx.rollout.env_worker import manager_kwargs
+  from rollx.rollout.types import Ticket
+
+  config = config_lib.validate(load(name))
+  tokenizer = hf.load_tokenizer(models.resolve_model_dir(config.pretrain))
+  filler = tokenizer.encode("?", add_special_tokens=False)
+
+  async def longest_invalid_answer(request_id, prompt_ids, max_tokens, **kwargs):
+    del request_id, prompt_ids, kwargs
+    return types.SimpleNamespace(token_ids=filler * max_tokens, token_versions=[],
+                                 policy_version=0)
+
+  for manager in ("train_env_manager", "val_env_manager"):
+    for tag in config[manager].tags:
+      entry = config.custom_envs[tag].to_dict()
+      env_manager = EnvManager(0, tag, entry, tokenizer, longest_invalid_answer,
+                               **manager_kwargs(config, manager))
+      max_steps = env_manager.env.config.max_steps
+      traj = asyncio.run(env_manager.run_episode(Ticket(0, tag, 0, 0, 0)))
+      assert (traj.finish, traj.num_turns, traj.num_invalid_actions) == (
+          "truncated", max_steps, max_steps), (manager, tag)
+
+
+def test_sokoban_layouts():
+  step, multiturn = load("sokoban"), load("sokoban:multiturn")
+  simple = load("simple_sokoban")
+  # the default is simple_sokoban's recipe on three variants, each with the line
+  for key in ("adv_estimator", "gigpo_omega", "kl_loss_coef", "max_update_kl",
+              "episode_reward_gamma", "rollout_batch_size", "val_batch_size"):
+    assert step[key] == simple[key], key
+  assert set(step.custom_envs) == set(step.train_env_manager.tags) == {
+      "SimpleSokoban", "LargerSokoban", "SokobanDifferentGridVocab"}
+  assert all(e.env_config.show_neighbours for e in step.custom_envs.values())
+  for manager in ("train_env_manager", "val_env_manager"):
+    assert (step[manager].env_manager_type, multiturn[manager].env_manager_type) == (
+        "step", "trajectory")
+  assert multiturn.adv_estimator == "grpo"
+  with pytest.raises(ValueError, match=r"configs/sokoban.py.*'bogus'"):
+    load("sokoban:bogus")

@@ -322,8 +322,10 @@ def test_episode_metrics_per_tag_by_hand():
   assert metrics["FrozenLake/invalid_action_rate"] == 2 / 20
   assert metrics["FrozenLake/ineffective_action_rate"] == 8 / 20
   assert metrics["FrozenLake/truncated_rate"] == 0.5
+  assert metrics["FrozenLake/out_of_context_rate"] == 0.25  # the "length" one only
   assert metrics["FrozenLake/num_episodes"] == 4
   assert metrics["Sokoban/truncated_rate"] == 0.0 and metrics["Sokoban/success"] == 1.0
+  assert metrics["Sokoban/out_of_context_rate"] == 0.0
   # shares of the valid actions in the transcripts (the invalid answer is not one)
   assert metrics["FrozenLake/action_share/Down"] == 3 / 4
   assert metrics["FrozenLake/action_share/Right"] == 1 / 4

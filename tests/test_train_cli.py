@@ -37,3 +37,11 @@ def test_missing_config_file():
   result = run("--config=configs/nope.py")
   assert result.returncode != 0
   assert "configs/nope.py" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_config_argument_is_one_line_naming_it():
+  result = run("--config=configs/sokoban.py:bogus")
+  assert result.returncode == 2
+  lines = [l for l in result.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+  assert "configs/sokoban.py:bogus" in lines[0] and "'bogus'" in lines[0]

@@ -57,7 +57,9 @@ _FROZENLAKE = rollx_config.env_entry(
     max_tokens_per_step=12, **prompts.COMPACT_PROMPTS["FrozenLake"])  # room for a think
 # (tag, env entry, EnvManager options, share of the episodes): the prompts the default
 # model must read and answer in format, cut into samples the way its configs cut them
-# (configs/frozenlake.py: history-free step-wise; configs/sokoban.py: multi-turn).
+# (configs/frozenlake.py: history-free step-wise; Sokoban as whole conversations, as
+# configs/sokoban.py:multiturn cuts them: a step sample of the other Sokoban configs
+# is a conversation's first turn with a later board).
 # FrozenLake also as whole conversations: there the next board follows each random
 # move, so the model reads how a move changes a board (the rules, as text about the
 # game shows them; a history-free step sample is a lone board). With them, RL on

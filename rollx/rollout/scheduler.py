@@ -282,6 +282,10 @@ def episode_metrics(trajectories: List[Trajectory]) -> Dict[str, float]:
         f"{tag}/ineffective_action_rate": float(
             sum(t.num_ineffective_actions for t in ts) / max(turns, 1)),
         f"{tag}/truncated_rate": float(np.mean([t.finish != "terminated" for t in ts])),
+        # of those, the episodes the context ran out on (sequence_length or the server's
+        # max_prefill_length / max_cache_length): a budget too small for the env's
+        # max_steps, which a config should fix, not the policy
+        f"{tag}/out_of_context_rate": float(np.mean([t.finish == "length" for t in ts])),
         f"{tag}/response_length": float(np.mean([t.num_response_tokens / max(t.num_turns, 1)
                                                  for t in ts])),
         f"{tag}/num_episodes": float(len(ts)),
