@@ -9,8 +9,9 @@ Hardware:  one CPU host (2 cores) for the default model (step-wise); a GPU/TPU h
 Runtime:   session 30, 2 CPU cores, a 3-step run (--config.max_steps=3): 131 s in all,
            steps of 61 / 32 / 24 s (first-step compiles; step 3: rollout 7.4 s,
            log-probs 5.1, train 11.3); longer runs not measured.
-Expected:  not measured (the 3 steps: invalid answers ~1% on every variant, no episode
-           out of context). The same recipe on SimpleSokoban alone rises over 60 min on 2
+Expected:  not shown to learn: 30 min, seed 1 (session 30, ~35 s per step, 50 steps):
+           greedy validation 0.078 -> 0.023-0.063, flat (invalid answers ~1%, no
+           episode out of context). The same recipe on SimpleSokoban alone rises over 60 min on 2
            CPU cores (configs/simple_sokoban.py: greedy validation 0.04 -> 0.20, session
            29); RAGEN reports ~0.2 for Qwen2.5-0.5B. The default model was format-warm
            started on SimpleSokoban's compact prompts with the neighbour line only
