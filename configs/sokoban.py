@@ -2,7 +2,7 @@
 LargerSokoban (10x10, 2 boxes) and SokobanDifferentGridVocab (6x6, other symbols).
 
 Command:   python -m rollx.train --config=configs/sokoban.py
-           ROLL's whole conversations with GRPO instead (an accelerator's job, below):
+           ROLL's whole conversations with GRPO instead (slow on a CPU, below):
            python -m rollx.train --config=configs/sokoban.py:multiturn
 Hardware:  one CPU host (2 cores) for the default model (step-wise); a GPU/TPU host for
            `:multiturn` or Qwen2.5-0.5B (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct).
@@ -25,10 +25,15 @@ every sample one board long, so the 10x10 level's 20 moves cost 20 short samples
 on the episode's score. A LargerSokoban episode of 20 turns with 8-token answers is 2,914
 tokens with the default tokenizer (a 6x6 one of 10 turns 794, 863 with the other
 symbols), and each turn's whole context is one prefill, so the server's prefill and
-cache lengths must hold the last turn's. On the 2-core, 24 GB CPU host the server ran
-out of memory before the first step (session 30). Until session 30 this config was
-multi-turn with 1024 / 512 tokens, which cut the 10x10 episodes after 3 turns and the
-6x6 ones after 6 (tests/test_config.py checks that a full-length episode fits).
+cache lengths must hold the last turn's. Until session 30 this config was multi-turn
+with 1024 / 512 tokens, which cut the 10x10 episodes after 3 turns and the 6x6 ones
+after 6 (tests/test_config.py checks that a full-length episode fits). On the 2-core,
+24 GB CPU host the server then ran out of memory before the first step (20.5 GB,
+session 30); with attention in query blocks and 8-row microbatches (session 31) a step
+runs in ~21 min at 10.1 GB in all (server 6.8 GB, trainer 3.3 GB; step 1, eval off:
+rollout 952 s over 2 rounds, log-probs 100 s, train 191 s; no episode out of context,
+invalid answers 27% on the 10x10 levels, whose long conversations the default model
+was never warm started on, 0.5% on the 6x6 ones).
 """
 
 import os
@@ -73,4 +78,9 @@ def get_config(layout: str = ""):
     config.sequence_length = 3072  # a 20-turn 10x10 episode: 2,914 tokens
     config.actor_infer.strategy_args.max_prefill_length = 4096  # a bucket >= 2,914
     config.actor_infer.strategy_args.max_cache_length = 4096  # >= max_prefill_length
+    for role in (config.actor_train, config.critic):
+      # the same 64-row minibatch in microbatches of 8 rows: one update of 64 rows x
+      # 3072 tokens needed 18.9 GB of XLA temp buffers, microbatches of 8 need 2.3 GB
+      role.training_args.per_device_train_batch_size = 8
+      role.training_args.gradient_accumulation_steps = 8
   return config

@@ -28,6 +28,7 @@ from rollx.rollout import prompts
 
 ADV_ESTIMATORS = ("gae", "grpo", "reinforce", "gigpo")
 DTYPES = ("bf16", "fp32", "fp16")
+ATTN_IMPLEMENTATIONS = ("xla",)
 LR_SCHEDULERS = ("constant", "linear", "cosine")
 WEIGHT_DECAY_TARGETS = ("zero", "init")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -67,7 +68,11 @@ def _worker(*, learning_rate: float, **extra) -> ml_collections.ConfigDict:
       model_args=_cd(
           model_type="causal_lm",  # causal_lm (policy, reference) | value head (critic)
           dtype="fp32",  # compute dtype (params stay fp32): bf16 | fp16 | fp32
-          attn_implementation="xla",  # xla | cudnn (flash) where available
+          attn_implementation="xla",  # xla (the one implementation so far; blocked below)
+          # Query rows per attention block: a longer row's queries attend block by
+          # block, so its scores are [block, S], not [T, S] (memory only; the math is
+          # the same). 0: one dense softmax over the whole row.
+          attention_block=512,
           disable_gradient_checkpointing=False,  # True: no remat (faster, more memory)
       ),
       training_args=_cd(
@@ -382,6 +387,11 @@ def _workers(c: _Checker, cfg):
     if not isinstance(w, (ml_collections.ConfigDict, dict)):
       continue
     c.choice(w.model_args, "dtype", f"{role}.model_args.dtype", DTYPES)
+    c.choice(w.model_args, "attn_implementation", f"{role}.model_args.attn_implementation",
+             ATTN_IMPLEMENTATIONS)
+    if _is_int(w.model_args.attention_block):
+      c.rule(w.model_args.attention_block >= 0, f"{role}.model_args.attention_block",
+             f"must be >= 0 (0: one dense softmax), got {w.model_args.attention_block}")
     t = w.training_args
     c.choice(t, "lr_scheduler_type", f"{role}.training_args.lr_scheduler_type",
              LR_SCHEDULERS)

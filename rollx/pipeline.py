@@ -312,15 +312,21 @@ class AgenticPipeline:
     # one input structure for the old and reference passes: one compiled program
     inputs = {k: arrays[k] for k in ("input_ids", "segment_ids", "score_index") if k in arrays}
     t = time.time()
+    # These passes run a trainer's microbatch of rows at a time (the minibatch over
+    # gradient_accumulation_steps): the rows a device was sized for. A whole minibatch
+    # of 64 rows x 3072 tokens needed 6.2 GB of XLA temp buffers (default model,
+    # configs/sokoban.py:multiturn), a microbatch of 8 rows 0.8 GB.
+    actor_rows, critic_rows = (rows // trainer.grad_accum if trainer else rows
+                               for trainer in (self.actor, self.critic))
     arrays["old_logp"] = self._chunked(self.actor.compute_logprobs, self.actor_state.params,
-                                       inputs, rows)
+                                       inputs, actor_rows)
     if self.kl_on:
       arrays["ref_logp"] = self._chunked(self.actor.compute_logprobs, self.ref_params, inputs,
-                                         rows)
+                                         actor_rows)
     if self.use_critic:
       values_in = {k: arrays[k] for k in ("input_ids", "segment_ids")}
       arrays["old_values"] = self._chunked(self.critic.compute_values, self.critic_state.params,
-                                           values_in, rows)
+                                           values_in, critic_rows)
     metrics["time/logprobs"] = time.time() - t
     # the least likely sampled token under the trainer's policy: ~-15 from vocabulary-tail
     # sampling at T=1 (measured from step 0); far below, the server samples off-policy

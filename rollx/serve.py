@@ -31,7 +31,8 @@ def build_engine(config: ml_collections.ConfigDict, params=None, version: int = 
   """A RollxEngine for `config.actor_infer` (weights from `pretrain` unless given)."""
   from rollx.serving.engine import RollxEngine, Sampling
   infer = config.actor_infer
-  loaded = models.load_model(config.pretrain, dtype=infer.model_args.dtype)
+  loaded = models.load_model(config.pretrain, dtype=infer.model_args.dtype,
+                             attention_block=infer.model_args.attention_block)
   tokenizer = hf.load_tokenizer(loaded.model_dir)
   stops = {t for t in (tokenizer.eos_token_id, loaded.config.eos_token_id) if t is not None}
   s = infer.strategy_args

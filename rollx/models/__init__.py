@@ -25,7 +25,7 @@ def resolve_model_dir(pretrain: Optional[str]) -> str:
 
 
 def load_model(pretrain: Optional[str], dtype: str = "fp32", remat: bool = False,
-               head: str = "lm") -> LoadedModel:
+               head: str = "lm", attention_block: int = llm.ATTENTION_BLOCK) -> LoadedModel:
   """The policy (`head='lm'`) or critic (`head='value'`, trunk from the policy checkpoint)."""
   model_dir = resolve_model_dir(pretrain)
   config = hf.load_model_config(model_dir)
@@ -34,4 +34,5 @@ def load_model(pretrain: Optional[str], dtype: str = "fp32", remat: bool = False
     params = hf.critic_params_from_policy(params)
   params = {k: (jnp.asarray(v) if not isinstance(v, dict) else
                 {kk: jnp.asarray(vv) for kk, vv in v.items()}) for k, v in params.items()}
-  return LoadedModel(llm.make_model(config, dtype, remat, head), params, config, model_dir)
+  return LoadedModel(llm.make_model(config, dtype, remat, head, attention_block=attention_block),
+                     params, config, model_dir)

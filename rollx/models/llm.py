@@ -11,6 +11,8 @@ Layout choices:
 - Attention takes an explicit boolean mask `[B, T, S]`; the same code serves
   training (causal + segment mask), prefill (prompt padded to a bucket) and decode
   (one token against a KV cache whose slot `i` holds position `i`).
+  Long rows attend in query blocks (`attention`), so no `[T, S]` score matrix of a
+  long row is ever materialised.
 """
 
 from __future__ import annotations
@@ -127,9 +129,52 @@ def positions_from_segments(segment_ids_bt: Array) -> Array:
   return jax.vmap(row)(segment_ids_bt)
 
 
+# Query rows per attention block. Rows longer than this attend block by block, so
+# the fp32 scores of a call are [B, H, block, S] instead of [B, H, T, S]: a JetStream
+# prefill of 8 rows x 4096 tokens of the default 0.67M-parameter model needs 6.3 GB of
+# XLA temp buffers with one dense softmax, 1.1 GB in blocks of 512 (bench/attention.py).
+# Up to the block, one dense softmax: faster for short rows (every shipped CPU config
+# trains on rows of <= 512 tokens).
+ATTENTION_BLOCK = 512
+
+
+def _dense_attention(q_btkgh: Array, k_bskh: Array, v_bskh: Array, mask_bts: Array) -> Array:
+  scale = 1.0 / jnp.sqrt(jnp.float32(q_btkgh.shape[-1]))
+  scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh,
+                      preferred_element_type=jnp.float32) * scale
+  scores = jnp.where(mask_bts[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q_btkgh.dtype)
+  return jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)
+
+
+def attention(q_btkgh: Array, k_bskh: Array, v_bskh: Array, mask_bts: Array,
+              block: int = ATTENTION_BLOCK) -> Array:
+  """Grouped-query attention of T queries over S keys under a boolean mask.
+
+  Each query row's softmax is its own, so splitting the queries into blocks changes
+  nothing but the peak memory. The blocks run in a `lax.map` (one block's scores
+  live at a time), each under `jax.checkpoint`: the backward pass recomputes a
+  block's probabilities instead of keeping all T x S of them for the gradient.
+  A ragged last block is padded with masked-out query rows and cut off again.
+  """
+  b, t = q_btkgh.shape[:2]
+  if block <= 0 or t <= block:
+    return _dense_attention(q_btkgh, k_bskh, v_bskh, mask_bts)
+  nb = -(-t // block)
+  pad = nb * block - t
+  q = jnp.pad(q_btkgh, [(0, 0), (0, pad)] + [(0, 0)] * 3)
+  mask = jnp.pad(mask_bts, [(0, 0), (0, pad), (0, 0)])
+  q_nbqkgh = q.reshape(b, nb, block, *q.shape[2:]).swapaxes(0, 1)
+  mask_nbqs = mask.reshape(b, nb, block, mask.shape[-1]).swapaxes(0, 1)
+  one_block = jax.checkpoint(lambda qm: _dense_attention(qm[0], k_bskh, v_bskh, qm[1]))
+  out = jax.lax.map(one_block, (q_nbqkgh, mask_nbqs))  # [nb, B, block, K, G, hd]
+  return out.swapaxes(0, 1).reshape(b, nb * block, *out.shape[3:])[:, :t]
+
+
 class DecoderLayer(nn.Module):
   config: ModelConfig
   dtype: Any = jnp.float32
+  attention_block: int = ATTENTION_BLOCK
 
   @nn.compact
   def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache, cache_index_b):
@@ -156,10 +201,7 @@ class DecoderLayer(nn.Module):
     scale = 1.0 / jnp.sqrt(jnp.float32(hd))
     neg = jnp.finfo(jnp.float32).min
     if cache is None:  # training / prefill: attend over this call's own keys
-      scores = jnp.einsum("btkgh,bskh->bkgts", q, kk, preferred_element_type=jnp.float32) * scale
-      scores = jnp.where(mask_bts[:, None, None], scores, neg)
-      probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-      attn = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+      attn = attention(q, kk, v, mask_bts, self.attention_block)
     else:
       # decode (t = 1): the cache is only read here (mask: its first `pos` slots),
       # the new token attends to itself through a second softmax term, and its
@@ -197,13 +239,13 @@ class DecoderLayer(nn.Module):
 
 
 def run_layers(config: ModelConfig, dtype, remat: bool, layer_params, x_btd, cos_bth, sin_bth,
-               mask_bts):
+               mask_bts, attention_block: int = ATTENTION_BLOCK):
   """The layer stack as a plain scan over `layer_params` ([L', ...] leaves).
 
   The same math as the scanned module inside `Transformer`; the pipeline runs one
   stage's slice of layers with it.
   """
-  layer = DecoderLayer(config, dtype)
+  layer = DecoderLayer(config, dtype, attention_block)
 
   def body(x, p):
     return layer.apply({"params": p}, x, cos_bth, sin_bth, mask_bts, None, None)[0], None
@@ -228,6 +270,7 @@ class Transformer(nn.Module):
   head: str = "lm"
   layers_fn: Optional[Callable] = None
   activation_constraint: Optional[Callable] = None
+  attention_block: int = ATTENTION_BLOCK  # query rows per block (`attention`): memory only
 
   @nn.compact
   def __call__(self, tokens_bt: Array, positions_bt: Array, mask_bts: Array,
@@ -248,7 +291,7 @@ class Transformer(nn.Module):
         layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
         in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast),
         length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
-    )(cfg, self.dtype, name="layers")
+    )(cfg, self.dtype, self.attention_block, name="layers")
     if self.layers_fn is not None and cache is None and not self.is_initializing():
       x = self.layers_fn(self.variables["params"]["layers"], x, cos, sin, mask_bts)
       new_cache = (None, None)
@@ -319,9 +362,10 @@ def prefill(model: Transformer, params, tokens_bt: Array, true_length_b: Array):
   positions = jnp.broadcast_to(jnp.arange(t), tokens_bt.shape)
   key_ok = jnp.arange(t)[None, :] < true_length_b[:, None]
   mask = jnp.tril(jnp.ones((t, t), bool))[None] & key_ok[:, None, :]
-  logits, cache = model.apply({"params": params}, tokens_bt, positions, mask)
-  last = jnp.take_along_axis(logits, (true_length_b - 1)[:, None, None], axis=1)[:, 0]
-  return last, cache
+  # The head runs at the last real token only: [B, V], not [B, T, V] logits.
+  last, cache = model.apply({"params": params}, tokens_bt, positions, mask,
+                            gather_bk=(true_length_b - 1)[:, None])
+  return last[:, 0], cache
 
 
 def decode_step(model: Transformer, params, tokens_b: Array, positions_b: Array,

@@ -50,13 +50,16 @@ class Trainer:
     self.grad_accum = int(worker.training_args.gradient_accumulation_steps)
     dtype = llm.DTYPES[worker.model_args.dtype]
     remat = not worker.model_args.disable_gradient_checkpointing
+    block = int(worker.model_args.attention_block)
     layers_fn = None
     if mesh.shape[PIPELINE] > 1:
       layers_fn = functools.partial(pipeline.pipelined_layers, model_config, dtype, remat, mesh,
-                                    int(worker.strategy_args.num_microbatches))
+                                    int(worker.strategy_args.num_microbatches),
+                                    attention_block=block)
     residual = NamedSharding(mesh, P(BATCH_AXES, None, None))
     self.model = llm.make_model(
         model_config, worker.model_args.dtype, remat, head, layers_fn=layers_fn,
+        attention_block=block,
         activation_constraint=functools.partial(jax.lax.with_sharding_constraint,
                                                 shardings=residual))
     self.tx = make_optimizer(worker.training_args, total_steps)
