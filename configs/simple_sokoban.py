@@ -13,7 +13,9 @@ Expected:  the issue asks for a rising validation success curve over 60 min on 2
            (0.234 at 60.0 min; random valid moves solve 0.156); sampled train success
            0.19 -> 0.23-0.26 per 50 steps from step 250: it rises, slowly. The greedy
            policy still leans on one move on many boards (Right 0.66 of the greedy
-           moves at step 390). Session 28 ran the same model and config to 47.8 min
+           moves at step 390). Seed 2 (session 31, ~11.6 s per step, 410 steps): 0.047
+           at the start, mean 0.062 over steps 0-90 -> 0.252 over 300-390 (0.041 over
+           the first 10 min, 0.235 over the last 20). Session 28 ran the same model and config to 47.8 min
            (0.204 over steps 200-310). Before (GRPO, no line, the sessions 23-28
            model, or ROLL's multi-turn samples in session 11): flat, 0.02-0.07 over 30-60
            min (README "Learning").
