@@ -14,7 +14,6 @@ scratch it needs besides inputs and outputs) for three settings, the same proces
 Ratios are against the dense setting (> 1: smaller).
 """
 
-import functools
 import os
 import sys
 
@@ -26,7 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rollx import cli, models  # noqa: E402  (cli defines --config)
 from rollx import pipeline as pipeline_lib  # noqa: E402
 from rollx.parallel import mesh as mesh_lib  # noqa: E402
-from rollx.trainer.step import Trainer  # noqa: E402
 
 _ROWS = flags.DEFINE_integer("rows", 64, "packed rows per minibatch")
 _SCORED = flags.DEFINE_integer("scored", 128, "response positions scored per row")
@@ -34,13 +32,10 @@ _SCORED = flags.DEFINE_integer("scored", 128, "response positions scored per row
 
 def temp_mb(config, loaded, rows: int, scored: int):
   """(update MB, log-prob pass MB) of the actor as `config` sets it up."""
-  c, w = config, config.actor_train
+  w = config.actor_train
   mesh = mesh_lib.make_mesh(w.strategy_args, w.device_mapping, "actor_train")
-  trust_region = ((pipeline_lib._actor_update_kl, c.max_update_kl)
-                  if c.max_update_kl is not None else None)
-  trainer = Trainer(loaded.config, w, mesh, functools.partial(pipeline_lib._actor_loss, c), 100,
-                    trust_region=trust_region)
-  t = c.sequence_length
+  trainer = pipeline_lib.actor_trainer(config, loaded.config, mesh, 100)
+  t = config.sequence_length
   spec = lambda n, shape, dtype: jax.ShapeDtypeStruct((n,) + shape, dtype)
   batch = dict(input_ids=spec(rows, (t,), jnp.int32), segment_ids=spec(rows, (t,), jnp.int32),
                score_index=spec(rows, (scored,), jnp.int32),

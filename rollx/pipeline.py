@@ -75,6 +75,16 @@ def _actor_update_kl(model, params, batch):
   return losses.approx_kl(logp, batch["old_logp"], batch["response_mask"])
 
 
+def actor_trainer(config: ml_collections.ConfigDict, model_config, mesh, total_updates: int
+                  ) -> Trainer:
+  """The actor_train role's Trainer: the PPO loss and, with `max_update_kl`, the
+  per-update trust region (also what bench/step_memory.py compiles)."""
+  trust_region = ((_actor_update_kl, config.max_update_kl)
+                  if config.max_update_kl is not None else None)
+  return Trainer(model_config, config.actor_train, mesh, functools.partial(_actor_loss, config),
+                 total_updates, trust_region=trust_region)
+
+
 def _critic_loss(config, model, params, batch, rng):
   values = logprobs.compute_values(model, params, batch["input_ids"], batch["segment_ids"])
   clip = config.value_clip if config.value_clip > 0 else None
@@ -107,9 +117,7 @@ class AgenticPipeline:
     per_device = at.training_args.per_device_train_batch_size
     self.granule = self.minibatch // 4 if per_device % 4 == 0 else self.minibatch
     updates = c.max_steps * c.ppo_epochs * max(1, c.rollout_batch_size // self.minibatch)
-    trust_region = (_actor_update_kl, c.max_update_kl) if c.max_update_kl is not None else None
-    self.actor = Trainer(policy.config, at, self.mesh, functools.partial(_actor_loss, c), updates,
-                         trust_region=trust_region)
+    self.actor = actor_trainer(c, policy.config, self.mesh, updates)
     host_params = jax.device_get(policy.params)  # init_state donates what it is given
     self.actor_state = self.actor.init_state(host_params)
     self.ref_params = (jax.device_put(host_params, self.actor.param_shardings)

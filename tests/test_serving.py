@@ -450,3 +450,12 @@ def test_sticky_routing_is_bounded(monkeypatch):
   assert list(client._sticky) == ["t7", "t8", "t9"]
   first = client._sticky["t8"]
   assert client._pick("t8") == first and list(client._sticky)[-1] == "t8"
+
+
+def test_build_engine_takes_the_servers_attention_block():
+  from rollx import serve
+  config = config_lib.default_config()
+  config.actor_infer.model_args.attention_block = 64
+  engine = serve.build_engine(config)
+  assert engine.model.attention_block == 64
+  assert serve.build_engine(config_lib.default_config()).model.attention_block == llm.ATTENTION_BLOCK

@@ -145,7 +145,11 @@ def test_sharded_blocked_attention_equals_single_device_dense(mesh_name):
   # softmax on one device.
   w = worker(**MESHES[mesh_name])
   w.model_args.attention_block = 6
-  assert_same_step(run(w, "lm", jax.devices()), reference("lm"))
+  got = run(w, "lm", jax.devices())
+  assert_same_step(got, reference("lm"))
+  model = got["trainer"].model  # the setting reached the model (and the pipeline's stages)
+  assert model.attention_block == 6
+  assert model.layers_fn is None or model.layers_fn.keywords["attention_block"] == 6
 
 
 def scored_policy_loss(model, params, batch, rng):

@@ -198,11 +198,11 @@ class DecoderLayer(nn.Module):
 
     b, t = q.shape[:2]
     q = q.reshape(b, t, k, n // k, hd)  # grouped-query attention: G query heads per kv head
-    scale = 1.0 / jnp.sqrt(jnp.float32(hd))
-    neg = jnp.finfo(jnp.float32).min
     if cache is None:  # training / prefill: attend over this call's own keys
       attn = attention(q, kk, v, mask_bts, self.attention_block)
     else:
+      scale = 1.0 / jnp.sqrt(jnp.float32(hd))
+      neg = jnp.finfo(jnp.float32).min
       # decode (t = 1): the cache is only read here (mask: its first `pos` slots),
       # the new token attends to itself through a second softmax term, and its
       # k/v go back to the caller, which writes them into the (donated) cache in
