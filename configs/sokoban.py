@@ -6,34 +6,23 @@ Command:   python -m rollx.train --config=configs/sokoban.py
            python -m rollx.train --config=configs/sokoban.py:multiturn
 Hardware:  one CPU host (2 cores) for the default model (step-wise); a GPU/TPU host for
            `:multiturn` or Qwen2.5-0.5B (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct).
-Runtime:   session 30, 2 CPU cores, a 3-step run (--config.max_steps=3): 131 s in all,
-           steps of 61 / 32 / 24 s (first-step compiles; step 3: rollout 7.4 s,
-           log-probs 5.1, train 11.3); longer runs not measured.
-Expected:  not shown to learn: 30 min, seed 1 (session 30, ~35 s per step, 50 steps):
-           greedy validation 0.078 -> 0.023-0.063, flat (invalid answers ~1%, no
-           episode out of context). The same recipe on SimpleSokoban alone rises over 60 min on 2
-           CPU cores (configs/simple_sokoban.py: greedy validation 0.04 -> 0.20, session
-           29); RAGEN reports ~0.2 for Qwen2.5-0.5B. The default model was format-warm
-           started on SimpleSokoban's compact prompts with the neighbour line only
-           (rollx.models.warm_start): the 10x10 boards and the other symbols are new to it.
+Runtime:   (2026-11-26, 2 CPU cores) a 3-step run: 131 s in all, steps of 61 / 32 / 24 s
+           (the first ones compile); ~35 s per step later on. `:multiturn`: one step
+           ~21 min at 10.1 GB peak memory (JetStream server 6.8 GB, trainer 3.3 GB).
+Expected:  (2026-11-26) not shown to learn: 30 min, seed 1, 50 steps: greedy validation
+           0.078 at the start, 0.023-0.063 after (invalid answers ~1%, no episode out of
+           context). The same recipe on SimpleSokoban alone rises slowly over 60 min
+           (configs/simple_sokoban.py); RAGEN reports ~0.2 for Qwen2.5-0.5B. The default
+           model was warm started on SimpleSokoban's compact prompts with the neighbour
+           line only (rollx.recipes.warm_start): 10x10 boards and other symbols are new to it.
+           `:multiturn` (one step): 27% of the 10x10 answers invalid, 0.5% of the 6x6 ones.
 
 Default (''): configs/simple_sokoban.py's recipe (history-free step samples, GiGPO, the
-neighbour line; FrozenLake's recipe otherwise) on the three variants. Step samples keep
-every sample one board long, so the 10x10 level's 20 moves cost 20 short samples.
-
-`:multiturn`: ROLL's layout, one sample per episode (every turn repeats the board), GRPO
-on the episode's score. A LargerSokoban episode of 20 turns with 8-token answers is 2,914
-tokens with the default tokenizer (a 6x6 one of 10 turns 794, 863 with the other
-symbols), and each turn's whole context is one prefill, so the server's prefill and
-cache lengths must hold the last turn's. Until session 30 this config was multi-turn
-with 1024 / 512 tokens, which cut the 10x10 episodes after 3 turns and the 6x6 ones
-after 6 (tests/test_config.py checks that a full-length episode fits). On the 2-core,
-24 GB CPU host the server then ran out of memory before the first step (20.5 GB,
-session 30); with attention in query blocks and 8-row microbatches (session 31) a step
-runs in ~21 min at 10.1 GB in all (server 6.8 GB, trainer 3.3 GB; step 1, eval off:
-rollout 952 s over 2 rounds, log-probs 100 s, train 191 s; no episode out of context,
-invalid answers 27% on the 10x10 levels, whose long conversations the default model
-was never warm started on, 0.5% on the 6x6 ones).
+neighbour line) on the three variants, so a 10x10 level's 20 moves are 20 short samples.
+`:multiturn`: ROLL's layout, one sample per episode with GRPO on its score; a 20-turn
+10x10 episode is 2,914 tokens, and the server's prefill and cache lengths must hold its
+last turn (tests/test_config.py checks that a full-length episode of every shipped config
+fits).
 """
 
 import os
@@ -49,8 +38,7 @@ def get_config(layout: str = ""):
   config = rollx_config.load_file(
       os.path.join(os.path.dirname(os.path.abspath(__file__)), "simple_sokoban.py"))
   config.exp_name = "sokoban_gigpo"
-  # the instructions + a 10x10 board + the neighbour line (~170 tokens) + an 8-token
-  # answer
+  # a sample: instructions + 10x10 board + neighbour line (~170 tokens) + an 8-token answer
   config.sequence_length = 512  # packed row: 2-4 step samples
   config.actor_infer.strategy_args.max_prefill_length = 256
   config.actor_infer.strategy_args.max_cache_length = 256
@@ -79,8 +67,7 @@ def get_config(layout: str = ""):
     config.actor_infer.strategy_args.max_prefill_length = 4096  # a bucket >= 2,914
     config.actor_infer.strategy_args.max_cache_length = 4096  # >= max_prefill_length
     for role in (config.actor_train, config.critic):
-      # the same 64-row minibatch in microbatches of 8 rows: one update of 64 rows x
-      # 3072 tokens needed 18.9 GB of XLA temp buffers, microbatches of 8 need 2.3 GB
+      # the same 64-row minibatch in 8-row microbatches: 2.3 GB of XLA temp, not 18.9 GB
       role.training_args.per_device_train_batch_size = 8
       role.training_args.gradient_accumulation_steps = 8
   return config

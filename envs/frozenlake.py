@@ -44,7 +44,7 @@ class FrozenLakeConfig(base.TextEnvConfig):
   # "Left _ Down O Right _ Up #" (# off the board): what an agent standing on the ice
   # sees around it, spelled out. Perception, not advice: which move is good it does not
   # say. Why: a small model reads 2-D neighbours out of a flattened grid slowly (offsets
-  # +-1 and +-5 tokens; README "Learning", sessions 14-23).
+  # +-1 and +-5 tokens; docs/frozenlake_recipe.md).
   show_neighbours: bool = False
 
 
@@ -167,7 +167,7 @@ class FrozenLake(base.TextEnv):
     """The tiles next to P in action order (Left, Down, Right, Up), '#' off the board.
 
     Perception, not advice: a warm start that writes it before a random answer
-    (rollx.models.warm_start `think_tags`) teaches a model to read P's surroundings,
+    (rollx.recipes.warm_start `think_tags`) teaches a model to read P's surroundings,
     as an instruct model asked to "look around first" would; which move is good it
     does not say.
     """

@@ -55,9 +55,9 @@ class SokobanConfig(base.TextEnvConfig):
   # beyond it, e.g. "Left #_ Down __ Right X_ Up _O": what a push would move and into
   # what (a wall beyond the border). Perception, not advice (which move is good it does not
   # say), in FrozenLake's format (`FrozenLakeConfig.show_neighbours`), for the same
-  # reason: a small model reads 2-D neighbours out of a flattened grid slowly. The shipped
-  # default model was not warm started with it on Sokoban: it answers such prompts with
-  # more board text ~40-50% of the time (session 28), so a run needs a model that was.
+  # reason: a small model reads 2-D neighbours out of a flattened grid slowly. The default
+  # model was warm started with it on SimpleSokoban; a model that was not answers such
+  # prompts with more board text ~40-50% of the time.
   show_neighbours: bool = False
 
 

@@ -24,7 +24,9 @@ import ml_collections
 from ml_collections import config_dict
 
 import envs
+from rollx.errors import ConfigError  # noqa: F401  (re-exported: config.ConfigError)
 from rollx.rollout import prompts
+from rollx.serving import PREFILL_BUCKETS
 
 ADV_ESTIMATORS = ("gae", "grpo", "reinforce", "gigpo")
 DTYPES = ("bf16", "fp32", "fp16")
@@ -35,25 +37,34 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")  # rollx.algos.losses.kl_divergence
 NORM_GROUPINGS = ("traj_group_id", "tags", "batch")
 NORM_METHODS = ("mean_std", "mean", "identity")
-PREFILL_BUCKETS = tuple(2**i for i in range(4, 16))
 WORKER_ROLES = ("actor_train", "actor_infer", "critic", "reference")
+# What each role is: its model's head and what runs it. One value per role (the
+# keys exist so a config reads like ROLL's; another value is a named error).
+ROLE_MODEL_TYPES = {"actor_train": "causal_lm", "actor_infer": "causal_lm",
+                    "reference": "causal_lm", "critic": "value"}
+ROLE_STRATEGIES = {"actor_train": "jax", "actor_infer": "jetstream", "reference": "jax",
+                   "critic": "jax"}
+_SERVER_KEYS = ("max_concurrent_decodes", "max_prefill_length", "max_cache_length",
+                "num_servers", "detokenize_depth")
+# Keys of a role's block that the role never reads: setting one to anything but its
+# default is an error naming the key (a setting that silently did nothing would mislead).
+INERT_KEYS = {
+    **{f"{role}.generating_args": f"{role} does not sample (the servers' sampling is "
+       "actor_infer.generating_args)" for role in ("actor_train", "critic", "reference")},
+    **{f"{role}.strategy_args.{key}": "a rollout-server setting (actor_infer.strategy_args)"
+       for role in ("actor_train", "critic", "reference") for key in _SERVER_KEYS},
+    "reference.training_args": "the reference policy is frozen",
+    "reference.model_args.disable_gradient_checkpointing": "the reference takes no gradients",
+    "actor_infer.training_args": "the rollout servers do not train",
+    "actor_infer.model_args.disable_gradient_checkpointing": "the servers take no gradients",
+    "actor_infer.strategy_args.dp_size": "server replicas are separate servers (num_servers)",
+    "actor_infer.strategy_args.num_microbatches": "a server runs no pipeline stages",
+}
 ENV_MANAGERS = ("train_env_manager", "val_env_manager")
 ENV_MANAGER_TYPES = ("trajectory", "step")
 
 # Keys whose value may take one of several types (checked instead of the default's).
 _UNION_TYPES = {"resume_from_checkpoint": (str, bool)}
-
-
-class ConfigError(ValueError):
-  """One or more config problems; `errors` is a list of (dotted_key, message)."""
-
-  def __init__(self, errors: Sequence[Tuple[str, str]]):
-    self.errors = list(errors)
-    super().__init__("; ".join(f"config.{k}: {m}" for k, m in self.errors))
-
-  @property
-  def key(self) -> str:
-    return self.errors[0][0]
 
 
 def _cd(**fields) -> ml_collections.ConfigDict:
@@ -62,13 +73,13 @@ def _cd(**fields) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(fields, type_safe=False)
 
 
-def _worker(*, learning_rate: float, **extra) -> ml_collections.ConfigDict:
+def _worker(role: str, *, learning_rate: float, **extra) -> ml_collections.ConfigDict:
   """One worker role's block, the same shape for actor_train/infer, critic, reference."""
   return _cd(
       model_args=_cd(
-          model_type="causal_lm",  # causal_lm (policy, reference) | value head (critic)
+          model_type=ROLE_MODEL_TYPES[role],  # causal_lm (policy, reference) | value (critic)
           dtype="fp32",  # compute dtype (params stay fp32): bf16 | fp16 | fp32
-          attn_implementation="xla",  # xla (the one implementation so far; blocked below)
+          attn_implementation="xla",  # xla: the one implementation (query blocks below)
           # Query rows per attention block: a longer row's queries attend block by
           # block, so its scores are [block, S], not [T, S] (memory only; the math is
           # the same). 0: one dense softmax over the whole row.
@@ -89,14 +100,14 @@ def _worker(*, learning_rate: float, **extra) -> ml_collections.ConfigDict:
           adam_eps=1e-8,
       ),
       generating_args=_cd(
-          max_new_tokens=64,  # per turn, further capped by max_tokens_per_step
+          max_new_tokens=64,  # per turn, together with the env's max_tokens_per_step
           temperature=1.0,  # 0 = greedy
           top_p=1.0,
           top_k=0,  # 0 = off
-          num_return_sequences=1,
+          num_return_sequences=1,  # 1: a group's responses come from group_size envs
       ),
       strategy_args=_cd(
-          strategy_name="jax",  # jax (jit over a mesh) | jetstream (actor_infer)
+          strategy_name=ROLE_STRATEGIES[role],  # jax (jit over a mesh) | jetstream (actor_infer)
           dp_size=-1,  # -1 = fill with the devices left over
           fsdp_size=1,
           tp_size=1,
@@ -149,7 +160,8 @@ def default_config() -> ml_collections.ConfigDict:
       resume_from_checkpoint="",  # '' / False = fresh; 'true' = latest in output_dir; or a path
       # -- models --------------------------------------------------------------
       pretrain=config_dict.placeholder(str),  # local HF dir; None = built-in default model
-      reward_pretrain=config_dict.placeholder(str),  # reward model HF dir (unused by env rewards)
+      # reward model HF dir: unsupported (the envs score episodes); must stay unset
+      reward_pretrain=config_dict.placeholder(str),
       # -- rollout -------------------------------------------------------------
       rollout_batch_size=64,  # trajectories per training step (a multiple of group_size)
       val_batch_size=16,  # trajectories per validation
@@ -212,13 +224,15 @@ def default_config() -> ml_collections.ConfigDict:
       episode_reward_gamma=1.0,
       gigpo_omega=1.0,  # GiGPO weight of the step-level advantage
       # -- workers -------------------------------------------------------------
-      actor_train=_worker(learning_rate=1e-6, model_update_frequency=1),
+      actor_train=_worker("actor_train", learning_rate=1e-6, model_update_frequency=1),
       actor_infer=_worker(
-          learning_rate=0.0,
+          "actor_infer", learning_rate=0.0,
           val_generating_args=_cd(  # sampling of validation rollouts
               max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, num_return_sequences=1)),
-      critic=_worker(learning_rate=1e-5),
-      reference=_worker(learning_rate=0.0),
+      critic=_worker("critic", learning_rate=1e-5),
+      # a KL term's frozen initial policy: its own mesh (strategy_args, device_mapping)
+      # and model_args; it shares actor_train's compiled pass when they are alike
+      reference=_worker("reference", learning_rate=0.0),
       # -- envs ----------------------------------------------------------------
       train_env_manager=_env_manager(num_env_groups=8, group_size=8),
       val_env_manager=_env_manager(num_env_groups=16, group_size=1),
@@ -387,6 +401,9 @@ def _workers(c: _Checker, cfg):
     if not isinstance(w, (ml_collections.ConfigDict, dict)):
       continue
     c.choice(w.model_args, "dtype", f"{role}.model_args.dtype", DTYPES)
+    c.choice(w.model_args, "model_type", f"{role}.model_args.model_type", (ROLE_MODEL_TYPES[role],))
+    c.choice(w.strategy_args, "strategy_name", f"{role}.strategy_args.strategy_name",
+             (ROLE_STRATEGIES[role],))
     c.choice(w.model_args, "attn_implementation", f"{role}.model_args.attn_implementation",
              ATTN_IMPLEMENTATIONS)
     if _is_int(w.model_args.attention_block):
@@ -415,9 +432,17 @@ def _workers(c: _Checker, cfg):
     for key in ("top_k",):
       if _is_int(g[key]):
         c.rule(g[key] >= 0, f"{role}.generating_args.{key}", f"must be >= 0, got {g[key]}")
-    for key in ("max_new_tokens", "num_return_sequences"):
-      if _is_int(g[key]):
-        c.rule(g[key] >= 1, f"{role}.generating_args.{key}", f"must be >= 1, got {g[key]}")
+    for name in ("generating_args", "val_generating_args"):
+      g = w.get(name)
+      if g is None:
+        continue
+      if _is_int(g.max_new_tokens):
+        c.rule(g.max_new_tokens >= 1, f"{role}.{name}.max_new_tokens",
+               f"must be >= 1, got {g.max_new_tokens}")
+      if _is_int(g.num_return_sequences):
+        c.rule(g.num_return_sequences == 1, f"{role}.{name}.num_return_sequences",
+               f"must be 1 (one response per request; a group's responses come from "
+               f"train_env_manager.group_size envs on one level), got {g.num_return_sequences}")
     s = w.strategy_args
     fills = []
     for key in ("dp_size", "fsdp_size", "tp_size", "pp_size"):
@@ -446,6 +471,28 @@ def _workers(c: _Checker, cfg):
   f = cfg.actor_train.get("model_update_frequency")
   if _is_int(f):
     c.rule(f >= 1, "actor_train.model_update_frequency", f"must be >= 1, got {f}")
+
+
+def _leaves(value, path: str):
+  if isinstance(value, (ml_collections.ConfigDict, dict)):
+    for key in value.keys():
+      yield from _leaves(value[key], f"{path}.{key}")
+  else:
+    yield path, value
+
+
+def _lookup(cfg, path: str):
+  for part in path.split("."):
+    cfg = cfg[part]
+  return cfg
+
+
+def _inert(c: _Checker, cfg):
+  defaults = default_config()
+  for block, reason in INERT_KEYS.items():
+    for path, value in _leaves(_lookup(cfg, block), block):
+      default = _lookup(defaults, path)
+      c.rule(value == default, path, f"not used: {reason}; leave it at its default {default!r}")
 
 
 def _custom_envs(c: _Checker, cfg):
@@ -615,10 +662,12 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if c.errors:  # the cross-key rules below assume a well-typed tree
     raise ConfigError(c.errors)
   _ranges(c, config)
-  for key in ("pretrain", "reward_pretrain"):
-    path = config[key]
-    if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
-      c.error(key, f"{path!r} is not a Hugging Face model directory (no config.json)")
+  path = config.pretrain
+  if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+    c.error("pretrain", f"{path!r} is not a Hugging Face model directory (no config.json)")
+  c.rule(config.reward_pretrain is None, "reward_pretrain", "reward models are not supported: "
+         "the envs score episodes (leave it unset)")
+  _inert(c, config)
   _workers(c, config)
   _custom_envs(c, config)
   _env_managers(c, config)
@@ -660,13 +709,3 @@ def inactive_settings(config: ml_collections.ConfigDict) -> List[str]:
                f"weight, which loss_agg_mode={config.loss_agg_mode!r} does not honour "
                "(it needs token-mean)")
   return out
-
-
-def groups_per_tag(manager: ml_collections.ConfigDict) -> Dict[str, int]:
-  """How many env groups each tag gets: `num_groups_partition`, or an equal split
-  (the remainder going to the first tags)."""
-  tags = tuple(manager.tags)
-  if manager.num_groups_partition is not None:
-    return dict(zip(tags, (int(p) for p in manager.num_groups_partition)))
-  base, extra = divmod(manager.num_env_groups, len(tags))
-  return {t: base + (i < extra) for i, t in enumerate(tags)}

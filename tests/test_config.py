@@ -4,6 +4,7 @@ import types
 import pytest
 
 from rollx import config as config_lib
+from rollx.rollout import scheduler
 from tests.conftest import ROOT
 
 
@@ -184,9 +185,9 @@ def test_normalisation_and_partition():
   config.resume_from_checkpoint = True
   config_lib.validate(config)
   assert isinstance(config.gamma, float) and config.resume_from_checkpoint == "true"
-  assert config_lib.groups_per_tag(config.train_env_manager) == {
+  assert scheduler.groups_per_tag(config.train_env_manager) == {
       "SimpleSokoban": 8, "LargerSokoban": 4, "SokobanDifferentGridVocab": 4}
-  assert config_lib.groups_per_tag(config.val_env_manager) == {
+  assert scheduler.groups_per_tag(config.val_env_manager) == {
       "SimpleSokoban": 17, "LargerSokoban": 17, "SokobanDifferentGridVocab": 16}
 
 

@@ -11,7 +11,8 @@ import transformers
 import envs
 from envs import sokoban
 from rollx import models
-from rollx.models import hf, llm, make_default, warm_start
+from rollx.models import hf, llm
+from rollx.recipes import make_default, warm_start
 from rollx.rollout import prompts
 
 

@@ -388,7 +388,7 @@ def test_cluster_config_errors_name_the_key(key, value, match):
 
 
 def test_placement_from_config():
-  from rollx.rollout.env_worker import LABEL_AMOUNT, placement
+  from rollx.cluster import LABEL_AMOUNT, placement
   config = config_lib.default_config()
   assert placement(config, "env_worker") == {} and placement(config, "server") == {}
   config.ray_resources.env_worker = "rollx_env"

@@ -158,7 +158,8 @@ def test_merge_identical_groups_equal_tokens_of_one_sign():
 
 @pytest.mark.parametrize("dual_clip", [False, True])
 def test_merged_samples_give_the_actor_loss_and_gradient_of_all_copies(dual_clip):
-  from rollx import config as rollx_config, pipeline
+  from rollx import config as rollx_config
+  from rollx.algos import losses
   model, params, lengths, ids, resp, adv = _duplicated_samples()
   c = rollx_config.default_config()
   c.use_kl_loss, c.kl_loss_coef, c.entropy_loss_coef = True, 0.3, 0.01
@@ -181,7 +182,7 @@ def test_merged_samples_give_the_actor_loss_and_gradient_of_all_copies(dual_clip
       batch[name] = logprobs.compute_logprobs(model, ps, batch["input_ids"],
                                               batch["segment_ids"])[0]
     (loss, metrics), grads = jax.value_and_grad(
-        lambda q: pipeline._actor_loss(c, model, q, batch, None), has_aux=True)(params)
+        lambda q: losses.actor_loss(c, model, q, batch, None), has_aux=True)(params)
     return loss, metrics, grads
 
   samples = {"input_ids": ids, "response_mask": resp,

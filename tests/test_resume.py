@@ -69,12 +69,12 @@ cli.parse_flags(sys.argv)
 logging.set_verbosity(logging.WARNING)
 from rollx.pipeline import AgenticPipeline
 p = AgenticPipeline(cli.load_config())
-leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(p.actor_state))[0]
+leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(p.learner.actor_state))[0]
 with open(dump + ".pkl", "wb") as f:
   pickle.dump({"actor": {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves},
-               "rng": np.asarray(jax.device_get(p.rng))}, f)
+               "rng": np.asarray(jax.device_get(p.learner.rng))}, f)
 with open(dump + ".json", "w") as f:
-  json.dump({"step": p.step, "kl_coef": p.kl_ctrl.coef,
+  json.dump({"step": p.step, "kl_coef": p.learner.kl_ctrl.coef,
              "train_streams": ray.get(p.train_rollout.scheduler.stream_state.remote()),
              "val_streams": ray.get(p.val_rollout.scheduler.stream_state.remote()),
              "server_versions": ray.get([a.version.remote() for a in p.server_actors])}, f)

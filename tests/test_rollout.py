@@ -1,6 +1,6 @@
 """Env managers, the rollout scheduler and Ray env workers, against a real JetStream server.
 
-The policy behind the server is scripted (rollx.models.scripted: a bigram table in
+The policy behind the server is scripted (rollx.recipes.scripted: a bigram table in
 ordinary Qwen2 weights): every response is `<answer>{random action}</answer><eos>`.
 """
 
@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import time
-import types
 
 import numpy as np
 import pytest
@@ -21,11 +20,14 @@ from PIL import Image
 
 import envs
 from envs.frozenlake import FrozenLake
-from rollx import config as config_lib, serve
-from rollx.models import hf, scripted
+from rollx import config as config_lib
+from rollx.serving import server as server_lib
+from rollx.models import hf
+from rollx.recipes import scripted
 from rollx.rollout import prompts
 from rollx.rollout.env_manager import EnvManager
-from rollx.rollout.env_worker import manager_kwargs, start_rollout
+from rollx.cluster import start_rollout
+from rollx.rollout.env_worker import manager_kwargs
 from rollx.rollout.render import save_episode_frames
 from rollx.rollout.scheduler import RolloutScheduler, env_layout, episode_metrics
 from rollx.rollout.types import Ticket, Trajectory, collate
@@ -64,7 +66,7 @@ def make_config(policy_dir, **manager):
 
 @pytest.fixture(scope="module")
 def server(policy_dir):
-  srv = serve.start_server(make_config(policy_dir))
+  srv = server_lib.server_from_config(make_config(policy_dir))
   yield srv
   srv.stop()
 
@@ -251,7 +253,7 @@ def test_symmetric_views_are_the_steps_seen_turned_as_further_episodes_of_the_gr
   # gives the played rows the advantages they have without views: views change no
   # group's mean or spread, only add rows
   import configs.frozenlake as frozenlake_config
-  from rollx import pipeline
+  from rollx.algos import advantages as adv_lib
   shipped = frozenlake_config.get_config()
   rng = np.random.default_rng(0)
   for traj in batch.trajectories:
@@ -263,11 +265,9 @@ def test_symmetric_views_are_the_steps_seen_turned_as_further_episodes_of_the_gr
   with_views = collate(batch.trajectories, config.sequence_length)
   plain = collate([dataclasses.replace(t, views={}) for t in batch.trajectories],
                   config.sequence_length)
-  holder = types.SimpleNamespace(config=shipped)
-  adv_views, _ = pipeline.AgenticPipeline.advantages(
-      holder, with_views, {"response_mask": with_views.response_mask})
-  adv_plain, _ = pipeline.AgenticPipeline.advantages(
-      holder, plain, {"response_mask": plain.response_mask})
+  adv_views, _ = adv_lib.for_batch(with_views, {"response_mask": with_views.response_mask},
+                                   shipped)
+  adv_plain, _ = adv_lib.for_batch(plain, {"response_mask": plain.response_mask}, shipped)
   assert np.abs(adv_plain).max() > 0.1
   played_rows = np.isin(with_views.episode_ids, np.arange(0, 3 * played, 3))
   np.testing.assert_allclose(adv_views[played_rows], adv_plain, rtol=0, atol=1e-6)

@@ -317,13 +317,13 @@ def test_killing_one_of_two_servers_mid_run_client_finishes_on_the_other():
 
 def test_ray_actor_server_and_weight_push_through_object_store():
   import ray
-  from rollx import models, serve
+  from rollx import cluster, models
   config = config_lib.default_config()
   config.actor_infer.strategy_args.update(max_concurrent_decodes=4, max_prefill_length=32,
                                           max_cache_length=64)
   start_local_ray()
   try:
-    actors, addresses = serve.start_ray_servers(config, num_servers=1)
+    actors, addresses = cluster.start_servers(config, num_servers=1)
     client = RolloutClient(addresses, weight_targets=actors)
     first = run(client.generate("a", [1, 2, 3], 8, mode="val"))
     assert first.policy_version == 0
@@ -453,9 +453,9 @@ def test_sticky_routing_is_bounded(monkeypatch):
 
 
 def test_build_engine_takes_the_servers_attention_block():
-  from rollx import serve
+  from rollx.serving import server as server_lib
   config = config_lib.default_config()
   config.actor_infer.model_args.attention_block = 64
-  engine = serve.build_engine(config)
+  engine = server_lib.engine_from_config(config)
   assert engine.model.attention_block == 64
-  assert serve.build_engine(config_lib.default_config()).model.attention_block == llm.ATTENTION_BLOCK
+  assert server_lib.engine_from_config(config_lib.default_config()).model.attention_block == llm.ATTENTION_BLOCK

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rollx import config as config_lib, pipeline
+from rollx import config as config_lib
+from rollx.algos import losses
 from rollx.algos import losses
 from rollx.models import logprobs
 from rollx.parallel import mesh as mesh_lib
@@ -29,7 +30,7 @@ def pg_loss(model, params, batch, rng):
       "approx_kl": losses.approx_kl(logp, batch["old_logp"], m)}
 
 
-update_kl = pipeline._actor_update_kl  # the KL the pipeline gives the actor's trust region
+update_kl = losses.update_kl  # the KL the learner gives the actor's trust region
 
 
 def trainer(max_kl=None, grad_accum=1):

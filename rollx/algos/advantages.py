@@ -337,3 +337,30 @@ def compute_advantages(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
   if config.advantage_clip is not None:
     adv = jnp.clip(adv, -config.advantage_clip, config.advantage_clip)
   return jnp.asarray(np.asarray(adv * mask)[:n, :t]), jnp.asarray(np.asarray(returns)[:n, :t])
+
+
+def for_batch(batch, per_sample: Dict[str, np.ndarray], config, kl_coef: float = 0.0
+              ) -> Tuple[np.ndarray, np.ndarray]:
+  """Advantages and returns [N, T] of a RolloutBatch's samples: the one place the
+  estimator's inputs are assembled. `per_sample` holds response_mask and, as the config
+  needs them, old_logp / ref_logp (KL in the reward, scaled by `kl_coef`) and
+  old_values (gae)."""
+  tag_ids = {t: i for i, t in enumerate(sorted(set(batch.tags)))}
+  anchors = list(zip(batch.group_ids.tolist(), batch.anchors))
+  anchor_ids = {a: i for i, a in enumerate(dict.fromkeys(anchors))}
+  mask = per_sample["response_mask"]
+  token_kl = np.zeros_like(mask, dtype=np.float32)
+  if config.init_kl_coef > 0 and not config.use_kl_loss:
+    token_kl = kl_coef * (per_sample["old_logp"] - per_sample["ref_logp"]) * mask
+  inputs = {
+      "response_mask": jnp.asarray(mask),
+      "scores": jnp.asarray(batch.rewards), "episode_scores": jnp.asarray(batch.episode_scores),
+      "group_ids": jnp.asarray(batch.group_ids), "episode_ids": jnp.asarray(batch.episode_ids),
+      "step_index": jnp.asarray(batch.step_index),
+      "anchor_ids": jnp.asarray([anchor_ids[a] for a in anchors], jnp.int32),
+      "tag_ids": jnp.asarray([tag_ids[t] for t in batch.tags], jnp.int32),
+      "token_kl": jnp.asarray(token_kl),
+      "values": jnp.asarray(per_sample.get("old_values", np.zeros_like(token_kl))),
+  }
+  adv, returns = compute_advantages(inputs, config)
+  return np.asarray(adv), np.asarray(returns)

@@ -1,4 +1,9 @@
-"""Policy, value, entropy and KL terms; token-level, masked, aggregated by `loss_agg_mode`."""
+"""Policy, value, entropy and KL terms; token-level, masked, aggregated by `loss_agg_mode`.
+
+`actor_loss`, `critic_loss` and `update_kl` are the roles' loss functions in the form
+the Trainer takes: `loss(model, params, batch, rng) -> (loss, metrics)` (bind the
+config with functools.partial).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,10 @@ from typing import Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+
+from rollx.models import logprobs
+
+DUAL_CLIP = 3.0  # dual-clip PPO's c (Ye et al. 2020): -A * c caps the loss of a negative A
 
 
 def aggregate(loss_nt: jax.Array, mask_nt: jax.Array, mode: str) -> jax.Array:
@@ -82,3 +91,42 @@ def value_loss(values, old_values, returns, mask, clip: Optional[float], agg: st
     clipped = old_values + jnp.clip(values - old_values, -clip, clip)
     loss = jnp.maximum(loss, (clipped - returns) ** 2)
   return 0.5 * aggregate(loss, mask, agg)
+
+
+# -- the roles' losses ---------------------------------------------------------------------
+
+
+def actor_loss(config, model, params, batch, rng):
+  """PPO policy loss (clip, optional dual clip) - entropy bonus + KL loss (use_kl_loss)."""
+  del rng
+  logp, entropy = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"],
+                                            batch.get("score_index"))
+  mask, agg = batch["response_mask"], config.loss_agg_mode
+  low = config.pg_clip_low if config.pg_clip_low is not None else config.pg_clip
+  high = config.pg_clip_high if config.pg_clip_high is not None else config.pg_clip
+  pg, metrics = ppo_policy_loss(logp, batch["old_logp"], batch["advantages"], mask, low, high,
+                                DUAL_CLIP if config.dual_clip_loss else None, agg)
+  ent = aggregate(entropy, mask, agg)
+  loss = pg - config.entropy_loss_coef * ent
+  if config.use_kl_loss:
+    kl = aggregate(kl_divergence(logp, batch["ref_logp"], config.kl_loss_type), mask, agg)
+    loss = loss + config.kl_loss_coef * kl
+    metrics["kl_loss"] = kl
+  metrics.update(pg_loss=pg, entropy=ent)
+  return loss, metrics
+
+
+def update_kl(model, params, batch):
+  """The trust region's distance: approx KL of the policy from the rollout policy."""
+  logp, _ = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"],
+                                      batch.get("score_index"))
+  return approx_kl(logp, batch["old_logp"], batch["response_mask"])
+
+
+def critic_loss(config, model, params, batch, rng):
+  del rng
+  values = logprobs.compute_values(model, params, batch["input_ids"], batch["segment_ids"])
+  clip = config.value_clip if config.value_clip > 0 else None
+  loss = value_loss(values, batch["old_values"], batch["returns"], batch["response_mask"],
+                    clip, config.loss_agg_mode)
+  return loss, {"value_loss": loss}

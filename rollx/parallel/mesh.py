@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rollx.config import ConfigError
+from rollx.errors import ConfigError
 
 PIPELINE = "pipeline"
 DATA = "data"

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rollx.models import llm, partition
+from rollx.models import llm
+from rollx.parallel import partition
 from rollx.parallel.mesh import BATCH_AXES, PIPELINE
 
 

@@ -55,18 +55,19 @@ class EnvManager:
                mode: str = "train", sequence_length: int = 1024,
                max_prompt_length: Optional[int] = None, step_wise: bool = False,
                history_length: int = 2, render: bool = False, on_turn=None,
-               symmetric_views: Sequence[str] = ()):
+               symmetric_views: Sequence[str] = (), max_new_tokens: Optional[int] = None):
     self.env_id, self.tag, self.entry = env_id, tag, entry
     self.env_type = entry["env_type"]
     self.env_config = dict(entry["env_config"])
     self.env = envs.make_env(self.env_type, self.env_config)
     self.tokenizer, self.generate, self.mode = tokenizer, generate, mode
-    self.max_tokens = int(entry["max_tokens_per_step"])
+    # a turn's cap: the env's max_tokens_per_step, and the sampling's max_new_tokens
+    self.max_tokens = min(int(entry["max_tokens_per_step"]), int(max_new_tokens or 1 << 30))
     self.sequence_length = int(sequence_length)
     self.max_prompt_length = int(max_prompt_length or sequence_length)
     self.step_wise, self.history_length = step_wise, int(history_length)
     self.render, self.on_turn = render, on_turn
-    self.builder = prompts.builder_for(entry, self.env, tokenizer)
+    self.builder = prompts.builder_for(entry, self.env, tokenizer, self.max_tokens)
     self.num_env_errors = 0
     self.symmetric_views = tuple(symmetric_views)
     unsupported = [v for v in self.symmetric_views if v not in self.env.SYMMETRIES]

@@ -13,7 +13,7 @@ turns are joined: `continuation` is derived from the tokenizer's own template.
 from __future__ import annotations
 
 import hashlib
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 SYSTEM_PROMPT = ("You're a helpful assistant. You are a good game player. You are aiming to "
                  "get high reward in the game.")
@@ -51,12 +51,14 @@ def observation_hash(observation: str) -> str:
   return hashlib.sha1(observation.encode()).hexdigest()[:16]
 
 
-def builder_for(entry, env, tokenizer) -> "PromptBuilder":
-  """The PromptBuilder of a `custom_envs` entry ('' fields fall back to the defaults)."""
+def builder_for(entry, env, tokenizer, max_response_length: Optional[int] = None
+                ) -> "PromptBuilder":
+  """The PromptBuilder of a `custom_envs` entry ('' fields fall back to the defaults);
+  the prompt states `max_response_length` (default: the entry's max_tokens_per_step)."""
   return PromptBuilder(tokenizer, entry.get("instructions") or env.instructions,
                        entry.get("system_prompt") or SYSTEM_PROMPT,
                        entry.get("turn_template") or TURN_TEMPLATE,
-                       int(entry["max_tokens_per_step"]))
+                       int(max_response_length or entry["max_tokens_per_step"]))
 
 
 class PromptBuilder:

@@ -45,7 +45,6 @@ from typing import Deque, Dict, List, Optional, Tuple
 import ml_collections
 import numpy as np
 
-from rollx import config as config_lib
 from rollx.rollout.types import RolloutBatch, Ticket, Trajectory, collate
 
 GroupKey = Tuple[int, int]  # (group_id, generation)
@@ -64,11 +63,21 @@ class EnvSlot:
   group_id: int
 
 
+def groups_per_tag(manager: ml_collections.ConfigDict) -> Dict[str, int]:
+  """How many env groups each tag gets: `num_groups_partition`, or an equal split
+  (the remainder going to the first tags)."""
+  tags = tuple(manager.tags)
+  if manager.num_groups_partition is not None:
+    return dict(zip(tags, (int(p) for p in manager.num_groups_partition)))
+  base, extra = divmod(manager.num_env_groups, len(tags))
+  return {t: base + (i < extra) for i, t in enumerate(tags)}
+
+
 def env_layout(manager: ml_collections.ConfigDict) -> List[EnvSlot]:
   """Every env of an env manager: its tag and group (groups split over tags)."""
   per_group = manager.group_size + manager.get("group_size_redundancy", 0)
   slots, group = [], 0
-  for tag, n in config_lib.groups_per_tag(manager).items():
+  for tag, n in groups_per_tag(manager).items():
     for _ in range(n):
       slots += [EnvSlot(group * per_group + j, tag, group) for j in range(per_group)]
       group += 1

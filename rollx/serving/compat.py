@@ -20,6 +20,14 @@
    again: a fresh decode state, the same params holder. Versions stay right because
    the engine counts its own generate steps (RollxEngine.insert), not the loop's.
 
+6. (console) 0.2.2's orchestrator imports seqio, and seqio TensorFlow, whose native code
+   writes INFO records straight to file descriptor 2 as it loads ("oneDNN custom
+   operations are on", "Could not find cuda drivers", CPU feature notes, a failed
+   cuInit on a host without a GPU). rollx never runs TensorFlow, so while the import
+   runs, fd 2 goes to a temporary file, and afterwards everything else in it is
+   written back (any error TensorFlow reports at import still shows). absl's
+   --verbosity=0 (INFO) leaves the import unfiltered.
+
 5. (a setting, not a bug) 0.2.2's detokenize backlog holds 8 entries: the generate
    thread may dispatch 8 steps before the detokenize thread has seen the first one's
    tokens, so a request that finished waits up to 8 steps for its answer and its slot.
@@ -35,7 +43,12 @@ needed (JAX regains `tree_map`, JetThread stops killing) or stops working.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import sys
+import tempfile
 import threading
 import traceback
 
@@ -61,7 +74,8 @@ def apply() -> None:
       jax.tree_map = jax.tree.map
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
-    from jetstream.core import orchestrator
+    with _native_import_records_filtered():
+      from jetstream.core import orchestrator
     root.setLevel(level)
     for h in root.handlers[:]:
       if h not in handlers:
@@ -86,6 +100,42 @@ def apply() -> None:
 
     orchestrator.JetThread.run = run
     _APPLIED = True
+
+
+# TensorFlow's native records at import (fix 6): absl's INFO and WARNING lines, its
+# notice that logging is not initialised yet, the continuation of the CPU feature note,
+# and the failed cuInit of a host without a GPU driver.
+_IMPORT_NOISE = re.compile(
+    r"^(?:[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] "
+    r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|To enable the following instructions: .* rebuild TensorFlow"
+    r"|E\d{4} [\d:.]+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit)")
+
+
+@contextlib.contextmanager
+def _native_import_records_filtered():
+  """fd 2 into a temporary file for the `with` body; then its lines, less the import
+  records of `_IMPORT_NOISE`, back to stderr (fix 6)."""
+  from absl import logging as absl_logging
+  if absl_logging.get_verbosity() >= absl_logging.INFO:
+    yield
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      kept = [line for line in captured.read().decode(errors="replace").splitlines(True)
+              if not _IMPORT_NOISE.match(line)]
+      if kept:
+        sys.stderr.write("".join(kept))
+        sys.stderr.flush()
 
 
 def set_detokenize_depth(driver, depth: int) -> None:

@@ -48,13 +48,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rollx.models import llm, partition
+from rollx.models import llm
+from rollx.parallel import partition
 from rollx.serving import compat
 
 compat.apply()
 from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2  # noqa: E402
 
-from rollx.config import PREFILL_BUCKETS  # noqa: E402
+from rollx.serving import PREFILL_BUCKETS  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)

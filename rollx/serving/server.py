@@ -31,8 +31,13 @@ from concurrent import futures
 from typing import Dict, Optional
 
 import grpc
+import ml_collections
 import numpy as np
 
+from rollx import models
+from rollx.errors import ConfigError
+from rollx.models import hf
+from rollx.parallel import mesh as mesh_lib
 from rollx.serving import (PREFILL_VERSION_KEY, REQUEST_ID_KEY, SAMPLING_KEY, VERSIONS_KEY,
                            compat)
 from rollx.serving.engine import RollxEngine, Sampling
@@ -254,3 +259,41 @@ class RolloutServer:
     self.driver.stop()
     self._loop.call_soon_threadsafe(self._loop.stop)
     self._thread.join(timeout=5)
+
+
+# -- from a config ---------------------------------------------------------------------
+
+
+def engine_from_config(config: ml_collections.ConfigDict, params=None, version: int = 0,
+                 devices=None):
+  """A RollxEngine for `config.actor_infer` (weights from `pretrain` unless given)."""
+  infer = config.actor_infer
+  loaded = models.load_model(config.pretrain, dtype=infer.model_args.dtype,
+                             attention_block=infer.model_args.attention_block)
+  tokenizer = hf.load_tokenizer(loaded.model_dir)
+  stops = {t for t in (tokenizer.eos_token_id, loaded.config.eos_token_id) if t is not None}
+  s = infer.strategy_args
+  for key in ("pp_size", "fsdp_size"):
+    if s[key] not in (1, -1):
+      raise ConfigError([(f"actor_infer.strategy_args.{key}",
+                          "a rollout server shards over tensor only (set 1); replicas are "
+                          "separate servers (num_servers)")])
+  # One server is one model replica: its mesh is tp_size devices (of device_mapping).
+  tp = s.tp_size if s.tp_size != -1 else len(mesh_lib.role_devices(
+      infer.device_mapping, "actor_infer", devices))
+  server_devices = mesh_lib.role_devices(infer.device_mapping, "actor_infer", devices)[:tp]
+  mesh = mesh_lib.make_mesh(dict(dp_size=1, fsdp_size=1, pp_size=1, tp_size=tp),
+                            role="actor_infer", devices=server_devices)
+  return RollxEngine(
+      loaded.model, loaded.params if params is None else params, version=version,
+      max_concurrent_decodes=s.max_concurrent_decodes, max_prefill_length=s.max_prefill_length,
+      max_cache_length=s.max_cache_length, stop_token_ids=sorted(stops),
+      sampling={"train": Sampling.from_generating_args(infer.generating_args),
+                "val": Sampling.from_generating_args(infer.val_generating_args)},
+      hf_tokenizer=tokenizer, pad_id=tokenizer.pad_token_id or 0, mesh=mesh, seed=config.seed)
+
+
+def server_from_config(config: ml_collections.ConfigDict, host: str = "127.0.0.1", port: int = 0,
+                 params=None, version: int = 0):
+  return RolloutServer(engine_from_config(config, params, version), host=host, port=port,
+                       detokenize_depth=config.actor_infer.strategy_args.detokenize_depth)

@@ -1,7 +1,7 @@
 """Builds the built-in default model directory `rollx/models/default/` (run once, shipped).
 
-    python -m rollx.models.make_default        # ~12 min on 2 CPU cores
-    python -m rollx.models.make_default --nosokoban_neighbours --out_dir=DIR  # sessions 23-28
+    python -m rollx.recipes.make_default        # ~12 min on 2 CPU cores
+    python -m rollx.recipes.make_default --nosokoban_neighbours --out_dir=DIR  # sessions 23-28
 
 1. A byte-level BPE tokenizer (the `tokenizers` library) trained on text the envs
    and prompt templates produce: system prompt, game instructions, rendered
@@ -10,7 +10,7 @@
    and the answer tags are single tokens (`<answer>Right</answer>` is three tokens).
 2. A small Qwen2-architecture policy (~0.7M params, tied embeddings), initialised
    from a fixed seed, then warm started on random-play transcripts
-   (`rollx.models.warm_start`: next-token prediction on observations and random
+   (`rollx.recipes.warm_start`: next-token prediction on observations and random
    valid answers, no reward, no task signal), saved as an ordinary HF directory, so
    `pretrain` unset and `pretrain=/path/to/Qwen2.5-0.5B-Instruct` take the same
    code path.
@@ -21,12 +21,11 @@ reproducible up to XLA's floating-point reduction order on the host that runs it
 
 from __future__ import annotations
 
-import os
 
 import jax
 import numpy as np
 
-DEFAULT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default")
+from rollx.models import DEFAULT_MODEL_DIR
 VOCAB_SIZE = 1024
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # The answer tags are single (non-special) tokens: a well-formed action is then
@@ -46,7 +45,7 @@ HIDDEN, LAYERS, HEADS = 128, 3, 4
 # shortest-path labels, same labels and seed, session 15): trap accuracy 0.83 vs 0.70
 # and greedy validation 0.87 vs 0.81 after 65k labels, 0.69 vs 0.47 after 8k.
 ROPE_THETA = 100.0
-WARM_START_STEPS = 500  # random-play transcript pretraining (rollx.models.warm_start)
+WARM_START_STEPS = 500  # random-play transcript pretraining (rollx.recipes.warm_start)
 GRID_SYMBOL = r"[^\sa-z](?![a-z])"
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -112,7 +111,7 @@ def build_tokenizer(think: bool = False):
       model_max_length=4096, clean_up_tokenization_spaces=False)
 
 
-def build(out_dir: str = DEFAULT_DIR, seed: int = 0, warm_start_steps: int = WARM_START_STEPS,
+def build(out_dir: str = DEFAULT_MODEL_DIR, seed: int = 0, warm_start_steps: int = WARM_START_STEPS,
           layers: int = LAYERS, heads: int = HEADS, rope_theta: float = ROPE_THETA,
           think: bool = False, sokoban_neighbours: bool = True) -> str:
   """The default model (or, with other `layers` / `heads` / `rope_theta`, a variant: the
@@ -123,7 +122,8 @@ def build(out_dir: str = DEFAULT_DIR, seed: int = 0, warm_start_steps: int = WAR
   `sokoban_neighbours`: SimpleSokoban's warm-start boards carry the neighbour line
   (warm_start.warm_start_envs; the shipped recipe since session 29, False: the
   sessions 23-28 recipe)."""
-  from rollx.models import hf, llm, warm_start
+  from rollx.models import hf, llm
+  from rollx.recipes import warm_start
   if heads < 1 or HIDDEN % heads:
     raise ValueError(f"make_default.build: heads={heads} must divide the hidden size {HIDDEN}")
   tokenizer = build_tokenizer(think)
@@ -153,7 +153,7 @@ def main(argv):
 if __name__ == "__main__":
   # flags only when run as a script: importing this module must not claim flag names
   from absl import app, flags
-  flags.DEFINE_string("out_dir", DEFAULT_DIR, "where to write the model (default: the "
+  flags.DEFINE_string("out_dir", DEFAULT_MODEL_DIR, "where to write the model (default: the "
                       "shipped default model directory)")
   flags.DEFINE_bool("sokoban_neighbours", True, "warm start SimpleSokoban with the "
                     "neighbour line (the shipped recipe; --nosokoban_neighbours: the "

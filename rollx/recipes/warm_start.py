@@ -1,6 +1,6 @@
 """Warm start: pretraining on random-play transcripts; format, and nothing about the task.
 
-    python -m rollx.models.warm_start --model_dir=DIR [--steps=200]
+    python -m rollx.recipes.warm_start --model_dir=DIR [--steps=200]
 
 Real runs start RL from an instruct model that already answers in the requested
 format; a randomly initialised model never emits `<answer>Right</answer>` by chance,
@@ -73,7 +73,7 @@ def warm_start_envs(sokoban_neighbours: bool = True) -> tuple:
   configs/sokoban.py show it. The shipped default model is built with it since
   session 29: a model that never saw the line answers boards that carry it with more
   board text (~40% invalid answers, session 28). False rebuilds the sessions 23-28
-  recipe (`python -m rollx.models.make_default --nosokoban_neighbours --out_dir=DIR`).
+  recipe (`python -m rollx.recipes.make_default --nosokoban_neighbours --out_dir=DIR`).
   """
   sokoban = rollx_config.env_entry(
       "Sokoban", env_config=dict(dim_room=(6, 6), num_boxes=1, search_depth=30, max_steps=10,

@@ -16,7 +16,7 @@ from typing import Any, Dict, Tuple
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rollx.config import ConfigError
+from rollx.errors import ConfigError
 from rollx.models.llm import ModelConfig
 from rollx.parallel.mesh import FSDP, PIPELINE, STRATEGY_KEYS, TENSOR
 

@@ -1,0 +1,236 @@
+"""All of rollx's Ray wiring: the local cluster, and the actors of every role.
+
+    owns_ray = init_ray(config)                        # a local Ray, or join config.ray_address
+    servers, addresses = start_servers(config)         # actor_infer: JetStream servers
+    rollout = start_rollout(config, "train_env_manager", addresses)   # scheduler + env workers
+    batch, metrics = rollout.get_batch(config.rollout_batch_size)
+    rollout.set_version(step)                          # after each weight sync
+    rollout.stop(); stop_servers(servers); shutdown_ray(owns_ray)
+
+Env workers are CPU-only async actors, each hosting up to `max_env_num_per_worker`
+env managers whose rollout loops run as asyncio tasks (a slow env holds up nobody).
+The workers talk to the scheduler actor (tickets, trajectories) and to the servers
+(gRPC) directly. A worker that dies is restarted by Ray (`max_restarts=-1`); its new
+incarnation asks the scheduler for tickets and gets its envs' unfinished episodes back.
+Servers receive weights through the Ray object store (RolloutClient.update_params).
+Placement: `config.ray_resources` names the node label each kind of actor needs.
+In a multi-host JAX run only process 0 starts actors; the others follow (see
+FollowerRollout) and receive the same batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import ml_collections
+import ray
+
+from rollx.parallel import distributed
+from rollx.rollout.env_worker import EnvWorker
+from rollx.rollout.scheduler import RolloutScheduler, env_layout
+from rollx.serving import server as server_lib
+
+
+def init_ray(config: ml_collections.ConfigDict) -> bool:
+  """Joins `config.ray_address` or an already running Ray, else starts a local one;
+  True when this call started it (the caller then shuts it down)."""
+  if ray.is_initialized():
+    return False
+  if config.get("ray_address"):  # a cluster that outlives this run: only disconnect at the end
+    ray.init(address=config.ray_address, namespace="rollx", log_to_driver=False)
+  else:
+    ray.init(include_dashboard=False, log_to_driver=False, namespace="rollx")
+  return True
+
+
+def shutdown_ray(owned: bool) -> None:
+  if owned:  # tear the local cluster down now, not in an atexit race
+    ray.shutdown()
+
+
+# A label needs to be present, not counted: each actor asks for a sliver of it, so a
+# node started with `--resources='{"rollx_env": 1}'` takes up to 1000 of them.
+LABEL_AMOUNT = 0.001
+
+
+def placement(config: ml_collections.ConfigDict, role: str) -> dict:
+  """Ray `resources=` for an actor of `role` (a key of config.ray_resources): the node
+  label it must run on, or {} (any node)."""
+  label = config.get("ray_resources", {}).get(role, "")
+  return {label: LABEL_AMOUNT} if label else {}
+
+
+# -- actor_infer -----------------------------------------------------------------------
+
+
+class ServerActor:
+  """A rollout server inside a Ray actor. Weights arrive as (numpy) params through the
+  object store and are swapped between generate steps (see RolloutServer.update_params)."""
+
+  def __init__(self, config_dict: dict, host: str | None = "127.0.0.1", port: int = 0):
+    if host is None:  # in a cluster: this node's address, which env workers elsewhere can reach
+      host = ray.util.get_node_ip_address()
+    self.server = server_lib.server_from_config(ml_collections.ConfigDict(config_dict), host, port)
+
+  def address(self) -> str:
+    return self.server.address
+
+  def version(self) -> int:
+    return self.server.version
+
+  def stats(self) -> dict:
+    return self.server.stats()
+
+  def update_params(self, params, version: int, abort_in_flight: bool = False) -> int:
+    return self.server.update_params(params, version, abort_in_flight)
+
+  def stop(self) -> None:
+    self.server.stop()
+
+
+def start_servers(config: ml_collections.ConfigDict, num_servers: Optional[int] = None,
+                  host: str | None = None, resources: dict | None = None
+                  ) -> Tuple[list, List[str]]:
+  """`num_servers` ServerActors (default: actor_infer.strategy_args.num_servers);
+  returns (actor handles, their addresses).
+
+  By default they run on the nodes labelled config.ray_resources.server and bind
+  127.0.0.1, or, when joining a cluster (config.ray_address), their node's IP. In a
+  multi-host JAX run only process 0 starts them (the others get no handles, so their
+  weight pushes are no-ops, and the same addresses)."""
+  if not distributed.is_coordinator():
+    # Multi-host JAX: process 0 owns the servers; the others only learn where they are.
+    return [], distributed.broadcast_object(None)
+  n = num_servers or config.actor_infer.strategy_args.num_servers
+  if host is None and not config.get("ray_address"):
+    host = "127.0.0.1"
+  if resources is None:
+    resources = placement(config, "server")
+  actor_cls = ray.remote(num_cpus=0, resources=resources)(ServerActor)
+  actors = [actor_cls.remote(config.to_dict(), host) for _ in range(n)]
+  return actors, distributed.broadcast_object(ray.get([a.address.remote() for a in actors]))
+
+
+def stop_servers(actors) -> None:
+  for actor in actors:
+    ray.kill(actor)
+
+
+# -- env workers and the scheduler ---------------------------------------------------------
+
+
+class _SchedulerLink:
+  """The scheduler actor seen as the async object EnvManager expects."""
+
+  def __init__(self, handle):
+    self.handle = handle
+
+  async def next_ticket(self, env_id):
+    return await self.handle.next_ticket.remote(env_id)
+
+  async def put(self, trajectory):
+    await self.handle.put.remote(trajectory)
+
+  async def report_error(self, ticket, error):
+    await self.handle.report_error.remote(ticket, error)
+
+  async def fail(self, error):
+    await self.handle.fail.remote(error)
+
+
+class EnvWorkerActor(EnvWorker):
+  """An EnvWorker in a Ray actor: it reaches the scheduler actor through its handle and
+  starts its loops as soon as it is up, including after a restart by Ray."""
+
+  def __init__(self, config_dict: dict, manager: str, env_ids: Sequence[int], scheduler,
+               server_addresses: Sequence[str], render_env_ids: Sequence[int] = ()):
+    super().__init__(ml_collections.ConfigDict(config_dict), manager, env_ids,
+                     _SchedulerLink(scheduler), server_addresses, render_env_ids)
+    ray.get_runtime_context().current_actor.start.remote()
+
+  def pid(self) -> int:
+    import os
+    return os.getpid()
+
+
+@dataclasses.dataclass
+class Rollout:
+  """Handles of one env manager's rollout system (scheduler + env workers)."""
+  scheduler: object
+  workers: list
+  env_ids_per_worker: List[List[int]]
+  # Restartable actors are re-created from their constructor arguments: the config
+  # is put in the object store once and pinned here for the actors' lifetime.
+  config_ref: object = None
+
+  def get_batch(self, batch_size: int):
+    # Multi-host: every JAX process trains on this batch; see FollowerRollout.
+    return distributed.broadcast_object(ray.get(self.scheduler.get_batch.remote(batch_size)))
+
+  def set_version(self, version: int) -> None:
+    ray.get(self.scheduler.set_version.remote(version))
+
+  def stop(self) -> None:
+    ray.get(self.scheduler.stop.remote())
+    for w in self.workers:
+      ray.kill(w, no_restart=True)
+    ray.kill(self.scheduler)
+
+
+class _NoScheduler:
+  """Any `scheduler.method.remote(...)` call answered with None (as an ObjectRef, so
+  that the caller's ray.get works unchanged)."""
+
+  def __getattr__(self, name):
+    return _NoCall()
+
+
+class _NoCall:
+  def remote(self, *args, **kwargs):
+    return ray.put(None)
+
+
+class FollowerRollout:
+  """What start_rollout gives JAX processes other than 0 in a multi-host run: no actors
+  of its own (process 0 drives the one rollout system), the same batches as process 0
+  (received in get_batch, a collective made at the same point on every process), and
+  None from scheduler calls (checkpoint stream state is process 0's to save)."""
+
+  scheduler = _NoScheduler()
+  workers = ()
+
+  def get_batch(self, batch_size: int):
+    return distributed.broadcast_object(None)
+
+  def set_version(self, version: int) -> None:
+    pass
+
+  def stop(self) -> None:
+    pass
+
+
+def start_rollout(config: ml_collections.ConfigDict, manager: str,
+                  server_addresses: Sequence[str], render_env_ids: Sequence[int] = (),
+                  stream: Optional[str] = None, resources: Optional[dict] = None) -> Rollout:
+  """Scheduler actor + ceil(envs / max_env_num_per_worker) env worker actors, on the
+  nodes labelled config.ray_resources.env_worker unless `resources` says otherwise.
+  In a multi-host JAX run only process 0 starts them; the others get a FollowerRollout."""
+  if not distributed.is_coordinator():
+    return FollowerRollout()
+  m = config[manager]
+  env_ids = sorted(s.env_id for s in env_layout(m))
+  per_worker = int(m.max_env_num_per_worker)
+  chunks = [env_ids[i:i + per_worker] for i in range(0, len(env_ids), per_worker)]
+  assert len(chunks) == math.ceil(len(env_ids) / per_worker)
+  scheduler = ray.remote(num_cpus=0)(RolloutScheduler).options(max_concurrency=10000).remote(
+      config, manager, stream)
+  if resources is None:
+    resources = placement(config, "env_worker")
+  worker_cls = ray.remote(num_cpus=0, max_restarts=-1, resources=resources)(EnvWorkerActor)
+  config_ref = ray.put(config.to_dict())
+  workers = [worker_cls.options(max_concurrency=10000).remote(
+      config_ref, manager, chunk, scheduler, list(server_addresses), list(render_env_ids))
+      for chunk in chunks]
+  return Rollout(scheduler, workers, chunks, config_ref)
