@@ -1,4 +1,5 @@
-"""What every entry point shares: the --config flag and one-line errors for bad input."""
+"""What every entry point shares: the --config flag, one-line errors for bad input and a
+console without library chatter (`quiet_console`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 import sys
 from typing import List
 
-from absl import flags
+from absl import flags, logging
 import ml_collections
 from ml_collections import config_flags
 
@@ -65,3 +66,31 @@ def load_config() -> ml_collections.ConfigDict:
     return config_lib.validate(config)
   except config_lib.ConfigError as e:
     fail(str(e))
+
+
+def verbose() -> bool:
+  """Whether absl's --verbosity asks for INFO records (--verbosity=0 or more)."""
+  return flags.FLAGS["verbosity"].present and flags.FLAGS["verbosity"].value >= 0
+
+
+def quiet_console(config: ml_collections.ConfigDict) -> None:
+  """Keeps what the libraries say at INFO off the console (an entry point calls it after
+  flag parsing, before Ray or JetStream are imported); --verbosity=0 brings it back.
+
+  - absl's records (Orbax logs every checkpoint at INFO): level WARNING.
+  - Ray's driver logger ("Started a local Ray instance"): RAY_LOGGER_LEVEL=warning, read
+    when ray is imported. The actors' output stays off the console (cluster.init_ray:
+    log_to_driver=False).
+  - Ray's notice that a new local cluster turns token authentication on: RAY_AUTH_MODE=token
+    asks for what Ray does anyway for a local cluster, without the notice (not when
+    joining a cluster, `ray_address`: that cluster's own mode applies).
+  - TensorFlow's native start-up records (jetstream -> seqio -> tensorflow):
+    rollx.serving.compat filters them while it imports JetStream.
+  Settings already in the environment are kept.
+  """
+  if verbose():
+    return
+  logging.set_verbosity(logging.WARNING)
+  os.environ.setdefault("RAY_LOGGER_LEVEL", "warning")
+  if not config.get("ray_address"):
+    os.environ.setdefault("RAY_AUTH_MODE", "token")

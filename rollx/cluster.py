@@ -161,9 +161,6 @@ class Rollout:
   scheduler: object
   workers: list
   env_ids_per_worker: List[List[int]]
-  # Restartable actors are re-created from their constructor arguments: the config
-  # is put in the object store once and pinned here for the actors' lifetime.
-  config_ref: object = None
 
   def get_batch(self, batch_size: int):
     # Multi-host: every JAX process trains on this batch; see FollowerRollout.
@@ -229,8 +226,12 @@ def start_rollout(config: ml_collections.ConfigDict, manager: str,
   if resources is None:
     resources = placement(config, "env_worker")
   worker_cls = ray.remote(num_cpus=0, max_restarts=-1, resources=resources)(EnvWorkerActor)
-  config_ref = ray.put(config.to_dict())
+  # Restartable actors are re-created from their constructor arguments. The config
+  # (a few KB, under Ray's 100 KB inline limit) travels inside each worker's creation
+  # task, so a restart has nothing in the object store to lose (an ObjectRef argument
+  # would be, and Ray warns about it on every start: ray-project/ray#53727).
+  config_dict = config.to_dict()
   workers = [worker_cls.options(max_concurrency=10000).remote(
-      config_ref, manager, chunk, scheduler, list(server_addresses), list(render_env_ids))
+      config_dict, manager, chunk, scheduler, list(server_addresses), list(render_env_ids))
       for chunk in chunks]
-  return Rollout(scheduler, workers, chunks, config_ref)
+  return Rollout(scheduler, workers, chunks)

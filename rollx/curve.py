@@ -1,7 +1,7 @@
 """Learning curve: validation success against wall time, one training run.
 
-    python bench/learning.py --config=configs/frozenlake.py --minutes=30 --seed=1
-    python bench/learning.py --config=configs/frozenlake.py --config.adv_estimator=gae \
+    python -m rollx.curve --config=configs/frozenlake.py --minutes=30 --seed=1
+    python -m rollx.curve --config=configs/frozenlake.py --config.adv_estimator=gae \
         --config.drop_zero_advantage_samples=False --config.episode_reward_gamma=1.0 ...
 
 Runs the real pipeline (Ray env workers, JetStream server, sharded train step)
@@ -9,21 +9,19 @@ for a wall-clock budget, counting from before the pipeline is built (startup
 included), and prints one line per validation: minutes, step, greedy success on
 unseen levels. The figure is relative to the run's own start: the warm-started
 policy's validation success at step 0 is the baseline, the final line prints
-the ratio. `--out` writes the curve as CSV and PNG (the README picture).
+the ratio. `--out` writes the curve as CSV and PNG (the README picture; `plot` draws
+several runs' curves into one). The slow learning tests (tests/test_learning.py) run
+`learning_curve`.
 """
 
 from __future__ import annotations
 
 import csv
-import os
-import sys
 import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from rollx import cli  # noqa: E402  (defines --config)
+from rollx import cli  # defines --config
 
 FLAGS = flags.FLAGS
 

@@ -1,15 +1,53 @@
-"""Metrics to TensorBoard (tensorboardX), transcripts as text, frames as images, a console line."""
+"""Metrics to TensorBoard (tensorboardX), transcripts as text, frames as images; the console.
+
+The console (`Tracker.console`): one line per step on stdout,
+
+    step 12/200 [00:31<08:02, 2.57s/step] score=0.412 success=0.406 kl=0.004 ...
+
+with the run's elapsed time, ETA and rate (tqdm's), one line per validation,
+
+    val @ 10/200 FrozenLake success=0.617 (95% CI 0.530-0.697, n=128) score=0.532 invalid=0.000
+
+and, on a terminal, tqdm's progress bar on stderr below them (`make train`; piped or
+redirected output gets the lines only).
+"""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
-from typing import Dict, Iterable
+from typing import Dict, Iterable, Optional, Tuple
 
 import numpy as np
 from tensorboardX import SummaryWriter
+from tqdm import tqdm
 
-CONSOLE_KEYS = ("score", "success", "val_success", "kl", "entropy", "loss", "tokens_per_s")
+CONSOLE_KEYS = ("score", "success", "kl", "entropy", "loss", "tokens_per_s")
+_METER = "{n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]"
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> Tuple[float, float]:
+  """The Wilson score interval of a binomial proportion (95% at z=1.96): unlike the
+  normal approximation it stays within [0, 1] and is not degenerate at 0 or n."""
+  if n <= 0:
+    return 0.0, 1.0
+  p = successes / n
+  denom = 1 + z * z / n
+  centre = (p + z * z / (2 * n)) / denom
+  half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """The unbiased pass@k estimate of one problem from n samples of which c passed
+  (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"):
+  1 - C(n-c, k) / C(n, k), computed as a stable product."""
+  if not 1 <= k <= n:
+    raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+  if n - c < k:
+    return 1.0
+  return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
 class Tracker:
@@ -18,6 +56,9 @@ class Tracker:
     self.writer = SummaryWriter(logging_dir) if enabled else None
     self.logging_dir, self.files = logging_dir, 1
     self.max_steps, self.start = max_steps, time.time()
+    self.first_step: Optional[int] = None  # the run's first step (> 0 when resumed)
+    self.bar: Optional[tqdm] = None
+    self.show_bar = enabled and sys.stderr.isatty()
 
   def scalars(self, step: int, metrics: Dict[str, float]) -> None:
     if self.writer is None:
@@ -43,11 +84,28 @@ class Tracker:
       self.writer.add_images(f"val_episode/{t.ticket.tag}/{i}", images, step)
 
   def console(self, step: int, metrics: Dict[str, float]) -> None:
+    """The validation line (when `metrics` has validation results) and the step line
+    of step index `step`; on a terminal the progress bar moves on."""
+    if self.first_step is None:
+      self.first_step = step
+      if self.show_bar:
+        self.bar = tqdm(total=self.max_steps, initial=step, unit="step", desc="train",
+                        file=sys.stderr, dynamic_ncols=True, leave=False,
+                        bar_format="{desc} {percentage:3.0f}%|{bar}| " + _METER)
+        self.bar.start_t = self.start  # the rate counts the first step too
+    val = validation_line(step, self.max_steps, metrics)
+    if val:
+      self._write(val)
+    meter = tqdm.format_meter(step + 1, self.max_steps, time.time() - self.start, unit="step",
+                              initial=self.first_step, bar_format=_METER)
     shown = " ".join(f"{k}={metrics[k]:.3f}" for k in CONSOLE_KEYS if k in metrics)
-    done = (step + 1) / self.max_steps
-    bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
-    print(f"[{bar}] step {step + 1}/{self.max_steps} {time.time() - self.start:6.0f}s {shown}",
-          file=sys.stdout, flush=True)
+    self._write(f"step {meter} {shown}")
+    if self.bar is not None:
+      self.bar.update(step + 1 - self.bar.n)
+
+  def _write(self, line: str) -> None:
+    tqdm.write(line, file=sys.stdout)  # above the bar, which is redrawn below it
+    sys.stdout.flush()
 
   def sync(self) -> None:
     """Puts everything logged so far on disk (the pipeline calls it before each checkpoint,
@@ -62,5 +120,24 @@ class Tracker:
     self.writer = SummaryWriter(self.logging_dir, filename_suffix=f".{self.files}")
 
   def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+      self.bar = None
     if self.writer is not None:
       self.writer.close()
+
+
+def validation_line(step: int, max_steps: int, metrics: Dict[str, float]) -> str:
+  """`val @ step/max_steps` and per env tag its success rate with a 95% Wilson interval,
+  mean score and invalid-action rate; '' when `metrics` holds no validation."""
+  tags = sorted(k[len("val/"):-len("/success")] for k in metrics
+                if k.startswith("val/") and k.endswith("/success") and k.count("/") == 2)
+  parts = []
+  for tag in tags:
+    m = {k[len(f"val/{tag}/"):]: v for k, v in metrics.items() if k.startswith(f"val/{tag}/")}
+    n = int(m.get("num_episodes", 0))
+    low, high = wilson_interval(m["success"] * n, n)
+    parts.append(f"{tag} success={m['success']:.3f} (95% CI {low:.3f}-{high:.3f}, n={n}) "
+                 f"score={m.get('score_mean', float('nan')):.3f} "
+                 f"invalid={m.get('invalid_action_rate', float('nan')):.3f}")
+  return f"val @ {step}/{max_steps} " + " | ".join(parts) if parts else ""

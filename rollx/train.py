@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import List
 
-from absl import app, flags, logging
+from absl import app
 import ml_collections
 
 from rollx import cli, hostmem
@@ -19,24 +19,14 @@ from rollx import cli, hostmem
 def run(config: ml_collections.ConfigDict):
   """The agentic RL loop (rollx.pipeline.AgenticPipeline) until config.max_steps."""
   from rollx.pipeline import AgenticPipeline  # heavy imports after flag parsing
-  if not config.ray_address:
-    return AgenticPipeline(config).run()
-  import ray
-  # Joined here rather than by the pipeline (which starts a private Ray when none is
-  # up): the cluster outlives this run, so only disconnect from it at the end.
-  ray.init(address=config.ray_address, namespace="rollx", log_to_driver=False)
-  try:
-    return AgenticPipeline(config).run()
-  finally:
-    ray.shutdown()
+  return AgenticPipeline(config).run()
 
 
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:  # Orbax and JetStream log every step at INFO
-    logging.set_verbosity(logging.WARNING)
   config = cli.load_config()
+  cli.quiet_console(config)  # no library INFO records; --verbosity=0 shows them
   from rollx.parallel import distributed
   try:  # before anything touches a JAX backend
     distributed.maybe_initialize()

@@ -303,7 +303,7 @@ def samples_to_train(has_gradient_n) -> np.ndarray:
   those with a policy gradient (`informative`), or all of them where none has one,
   so that such a step trains as it would without dropping (the KL loss over the whole
   batch) rather than taking an optimizer step on an empty batch. (It does not rescue a
-  policy collapsed into one answer: measured, README "Learning", seed 3.)"""
+  policy collapsed into one answer: measured on configs/frozenlake.py, seed 3.)"""
   keep = np.flatnonzero(has_gradient_n)
   return keep if len(keep) else np.arange(len(has_gradient_n))
 

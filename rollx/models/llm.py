@@ -102,7 +102,7 @@ def dense(x: Array, w: Array, in_dims: int = 1) -> Array:
   Written as one 2-D matmul over flattened tokens: `[B*T, in] @ [in, out]`. As a
   3-D einsum ("btd,df->btf") XLA:CPU lays the weight gradient's operands out
   transposed and copies them every layer (the policy's gradient step, 64 x 160
-  tokens on a 2-core CPU: 929 -> 761 ms; bench/model.py, README "Results").
+  tokens on a 2-core CPU: 929 -> 761 ms; bench/model.py).
   """
   lead, in_shape = x.shape[:x.ndim - in_dims], w.shape[:in_dims]
   out_shape = w.shape[in_dims:]

@@ -1,7 +1,7 @@
 """Builds the built-in default model directory `rollx/models/default/` (run once, shipped).
 
     python -m rollx.recipes.make_default        # ~12 min on 2 CPU cores
-    python -m rollx.recipes.make_default --nosokoban_neighbours --out_dir=DIR  # sessions 23-28
+    python -m rollx.recipes.make_default --nosokoban_neighbours --out_dir=DIR  # the earlier recipe
 
 1. A byte-level BPE tokenizer (the `tokenizers` library) trained on text the envs
    and prompt templates produce: system prompt, game instructions, rendered
@@ -41,8 +41,8 @@ HIDDEN, LAYERS, HEADS = 128, 3, 4
 # lacked is a lookup at exact small offsets (the grid cells next to P, +-1 and +-5
 # tokens away). With base 10000 most of the 16 rotation frequencies turn by well under
 # a radian across a whole board, so few dims tell offset 4 from 5; with base 100 they
-# spread over the board's scale. Measured with bench/frozenlake_probe.py (supervised
-# shortest-path labels, same labels and seed, session 15): trap accuracy 0.83 vs 0.70
+# spread over the board's scale. Measured with a supervised probe (shortest-path
+# labels, same labels and seed, 2026-11-24): trap accuracy 0.83 vs 0.70
 # and greedy validation 0.87 vs 0.81 after 65k labels, 0.69 vs 0.47 after 8k.
 ROPE_THETA = 100.0
 WARM_START_STEPS = 500  # random-play transcript pretraining (rollx.recipes.warm_start)
@@ -114,14 +114,14 @@ def build_tokenizer(think: bool = False):
 def build(out_dir: str = DEFAULT_MODEL_DIR, seed: int = 0, warm_start_steps: int = WARM_START_STEPS,
           layers: int = LAYERS, heads: int = HEADS, rope_theta: float = ROPE_THETA,
           think: bool = False, sokoban_neighbours: bool = True) -> str:
-  """The default model (or, with other `layers` / `heads` / `rope_theta`, a variant: the
-  capacity probe bench/frozenlake_probe.py) built and warm started in `out_dir`.
+  """The default model (or, with other `layers` / `heads` / `rope_theta`, a variant)
+  built and warm started in `out_dir`.
 
   `think`: FrozenLake responses open with `<think>` what lies next to P `</think>`
   (warm_start.think_response; two more added tokens) before the random answer.
   `sokoban_neighbours`: SimpleSokoban's warm-start boards carry the neighbour line
-  (warm_start.warm_start_envs; the shipped recipe since session 29, False: the
-  sessions 23-28 recipe)."""
+  (warm_start.warm_start_envs; the shipped recipe; False: the earlier one, whose
+  Sokoban boards had no line)."""
   from rollx.models import hf, llm
   from rollx.recipes import warm_start
   if heads < 1 or HIDDEN % heads:
@@ -157,5 +157,5 @@ if __name__ == "__main__":
                       "shipped default model directory)")
   flags.DEFINE_bool("sokoban_neighbours", True, "warm start SimpleSokoban with the "
                     "neighbour line (the shipped recipe; --nosokoban_neighbours: the "
-                    "sessions 23-28 one)")
+                    "earlier one)")
   app.run(main)

@@ -64,16 +64,15 @@ _FROZENLAKE = rollx_config.env_entry(
 # move, so the model reads how a move changes a board (the rules, as text about the
 # game shows them; a history-free step sample is a lone board). With them, RL on
 # random maps took off after ~7-8k episodes instead of ~17-21k (2 seeds each, GPU
-# simulator of the step-wise GRPO loop; 8-19k on a second build; README "Learning").
+# simulator of the step-wise GRPO loop; 8-19k on a second build).
 def warm_start_envs(sokoban_neighbours: bool = True) -> tuple:
   """The warm start's (tag, env entry, EnvManager options, share) list.
 
   `sokoban_neighbours`: SimpleSokoban's transcripts carry the neighbour line
   (`SokobanConfig.show_neighbours`), as configs/simple_sokoban.py and
-  configs/sokoban.py show it. The shipped default model is built with it since
-  session 29: a model that never saw the line answers boards that carry it with more
-  board text (~40% invalid answers, session 28). False rebuilds the sessions 23-28
-  recipe (`python -m rollx.recipes.make_default --nosokoban_neighbours --out_dir=DIR`).
+  configs/sokoban.py show it. The shipped default model is built with it: a model
+  that never saw the line answers boards that carry it with more board text (~40%
+  invalid answers, measured 2026-11-26). False rebuilds the earlier recipe (`python -m rollx.recipes.make_default --nosokoban_neighbours --out_dir=DIR`).
   """
   sokoban = rollx_config.env_entry(
       "Sokoban", env_config=dict(dim_room=(6, 6), num_boxes=1, search_depth=30, max_steps=10,

@@ -19,8 +19,8 @@ Two ways to cut a trajectory into training samples:
   Right and Up with Down), and the hole and wall lessons of one board reach its
   symmetric twins. The views are not the policy's own samples: their log-probs come
   from the trainer's pass like any row (so they count in the trust region's KL),
-  and they add no episodes to the metrics. On FrozenLake (session 27) they did not
-  steady greedy validation: the README's "Learning" has the measurement.
+  and they add no episodes to the metrics. On FrozenLake they did not steady greedy
+  validation (docs/frozenlake_recipe.md).
 
 `generate` is any async callable with the RolloutClient's signature, so the same
 loop runs against JetStream servers (training), a local model or a person typing

@@ -14,7 +14,7 @@
    then asserts that some slot is still busy; if the detokenize thread frees the
    last busy slot in between (the last request finished), the assertion fails and
    the thread dies. A one-server run then hangs with nothing to fail over to (seen
-   in CI, session 11: `get_batch` waited forever, the server's stderr had this assertion).
+   in CI: `get_batch` waited forever, the server's stderr had this assertion).
    When the generate thread dies of that assertion with every slot free (so no
    request is live on it and its decode state holds nothing), we start its loop
    again: a fresh decode state, the same params holder. Versions stay right because

@@ -25,7 +25,7 @@ multi-turn prompts that chain, not the model, set the rate: ~140 requests/s and
 ~2-6 of 64 slots live on a 2-core CPU, every request queued ~0.2 s before its first
 token. Staged, the three threads only move Python objects and the newcomers of a
 step are prefilled together: 1.4-1.6x the requests/s on the rollout workload
-(`bench/serve.py --workload rollout`, README "Results").
+(`bench/serve.py --workload rollout`).
 
 Weights: the engine serves a `VersionedParams` container. JetStream's driver
 threads bind their `params` argument once at start, so the container, not the

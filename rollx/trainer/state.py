@@ -53,8 +53,8 @@ def decay_toward_init(weight_decay: float, mask) -> optax.GradientTransformation
   AdamW's decoupled decay, with the params at the start of training as its centre
   instead of zero ("L2 init", Kumar et al. 2023). An RL run from a warm start moved
   every matrix by ~50-90% of its norm in 30 minutes, and afterwards the network no
-  longer learned from labels what the warm start still could (README "Learning",
-  sessions 19-20); this pulls each weight back towards the warm start at rate
+  longer learned from labels what the warm start still could (measured on
+  configs/frozenlake.py, docs/frozenlake_recipe.md); this pulls each weight back towards the warm start at rate
   lr * weight_decay per update, in weight space, beside the KL terms that anchor the
   policy's outputs. The centre is optimizer state (one more copy of the params,
   sharded like them): saved and restored with it, so a resumed run keeps the run's
