@@ -169,6 +169,13 @@ class Rollout:
   def set_version(self, version: int) -> None:
     ray.get(self.scheduler.set_version.remote(version))
 
+  def stream_state(self) -> dict:
+    """Where each level stream stands (checkpointed: a resumed run plays the next levels)."""
+    return ray.get(self.scheduler.stream_state.remote())
+
+  def load_stream_state(self, state: dict) -> None:
+    ray.get(self.scheduler.load_stream_state.remote(state))
+
   def stop(self) -> None:
     ray.get(self.scheduler.stop.remote())
     for w in self.workers:
@@ -176,32 +183,24 @@ class Rollout:
     ray.kill(self.scheduler)
 
 
-class _NoScheduler:
-  """Any `scheduler.method.remote(...)` call answered with None (as an ObjectRef, so
-  that the caller's ray.get works unchanged)."""
-
-  def __getattr__(self, name):
-    return _NoCall()
-
-
-class _NoCall:
-  def remote(self, *args, **kwargs):
-    return ray.put(None)
-
-
 class FollowerRollout:
   """What start_rollout gives JAX processes other than 0 in a multi-host run: no actors
   of its own (process 0 drives the one rollout system), the same batches as process 0
   (received in get_batch, a collective made at the same point on every process), and
-  None from scheduler calls (checkpoint stream state is process 0's to save)."""
+  no stream state (the checkpoint's stream state is process 0's to save)."""
 
-  scheduler = _NoScheduler()
   workers = ()
 
   def get_batch(self, batch_size: int):
     return distributed.broadcast_object(None)
 
   def set_version(self, version: int) -> None:
+    pass
+
+  def stream_state(self) -> None:
+    return None
+
+  def load_stream_state(self, state: dict) -> None:
     pass
 
   def stop(self) -> None:

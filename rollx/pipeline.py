@@ -25,7 +25,6 @@ from typing import Callable, Dict, Optional
 import jax
 import ml_collections
 import numpy as np
-import ray
 
 from rollx import checkpoint, cluster, config as rollx_config, models
 from rollx.algos import advantages as adv_lib
@@ -67,9 +66,9 @@ class AgenticPipeline:
   def save(self) -> None:
     self.tracker.sync()  # the metrics of every step up to here survive a kill -9 too
     meta = {"step": self.step, "kl_coef": self.learner.kl_ctrl.coef,
-            "train_streams": ray.get(self.train_rollout.scheduler.stream_state.remote())}
+            "train_streams": self.train_rollout.stream_state()}
     if self.val_rollout is not None:  # resume: validation goes on with the next levels
-      meta["val_streams"] = ray.get(self.val_rollout.scheduler.stream_state.remote())
+      meta["val_streams"] = self.val_rollout.stream_state()
     self.checkpointer.save(self.step, self.learner.states(), meta)
 
   def _restore(self, directory: str, step: int) -> None:
@@ -79,9 +78,9 @@ class AgenticPipeline:
     self.learner.load_states(states)
     self.learner.kl_ctrl.coef = float(meta["kl_coef"])
     self.step = int(meta["step"])
-    ray.get(self.train_rollout.scheduler.load_stream_state.remote(meta["train_streams"]))
+    self.train_rollout.load_stream_state(meta["train_streams"])
     if self.val_rollout is not None and "val_streams" in meta:  # absent in older checkpoints
-      ray.get(self.val_rollout.scheduler.load_stream_state.remote(meta["val_streams"]))
+      self.val_rollout.load_stream_state(meta["val_streams"])
     if self.step % self.config.actor_train.model_update_frequency:
       # train_step syncs only every model_update_frequency steps: the fresh servers
       # would serve the initial weights (version 0) until then, not the restored ones.

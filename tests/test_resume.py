@@ -75,8 +75,8 @@ with open(dump + ".pkl", "wb") as f:
                "rng": np.asarray(jax.device_get(p.learner.rng))}, f)
 with open(dump + ".json", "w") as f:
   json.dump({"step": p.step, "kl_coef": p.learner.kl_ctrl.coef,
-             "train_streams": ray.get(p.train_rollout.scheduler.stream_state.remote()),
-             "val_streams": ray.get(p.val_rollout.scheduler.stream_state.remote()),
+             "train_streams": p.train_rollout.stream_state(),
+             "val_streams": p.val_rollout.stream_state(),
              "server_versions": ray.get([a.version.remote() for a in p.server_actors])}, f)
 p.run()
 """

@@ -175,7 +175,7 @@ class RolloutClient:
   # -- weights ---------------------------------------------------------------------
   def update_params(self, params, version: int, abort_in_flight: bool = False) -> None:
     """Push new weights to every server this client was given (in-process servers
-    or Ray actor handles of `rollx.serve.ServerActor`)."""
+    or Ray actor handles of `rollx.cluster.ServerActor`)."""
     pending = []
     for target in self._weight_targets:
       remote = getattr(getattr(target, "update_params", None), "remote", None)
