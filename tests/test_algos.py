@@ -200,7 +200,7 @@ def test_dropping_zero_advantage_samples_whitens_over_the_kept_ones():
   config = cfg(adv_estimator="grpo", whiten_advantages=True)
   config.reward_normalization.method = "mean"
   plain, _ = adv_lib.compute_advantages(inputs, config)
-  assert float(jnp.abs(plain[4:, :2]).min()) > 0  # whitening over all rows: not zero any more
+  np.testing.assert_array_equal(plain[4:], 0.0)  # whitening leaves the zero rows at zero
   config.drop_zero_advantage_samples = True
   adv, _ = adv_lib.compute_advantages(inputs, config)
   np.testing.assert_array_equal(adv_lib.informative(adv), [True] * 4 + [False] * 4)
@@ -215,6 +215,48 @@ def test_dropping_zero_advantage_samples_whitens_over_the_kept_ones():
   kept = mask[:4] > 0
   want = (raw - raw[kept].mean()) / (raw[kept].std() + adv_lib.EPS) * mask[:4]
   np.testing.assert_allclose(adv[:4], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("score", [9.4, -0.7, 1e6, 0.1 + 0.2])
+@pytest.mark.parametrize("estimator", ["grpo", "reinforce", "gae"])
+@pytest.mark.parametrize("method", ["mean_std", "mean"])
+@pytest.mark.parametrize("whiten", [False, True])
+def test_a_group_that_scored_alike_gets_exactly_zero(score, estimator, method, whiten):
+  # group 0 learns something; group 1's 8 episodes all scored `score` (a float32 mean
+  # of 8 x 9.4 is a rounding error away from 9.4)
+  mask = np.zeros((12, 4), np.float32)
+  mask[:, 1:3] = 1
+  mask[5, 2] = 0  # unequal lengths: token-weighted whitening would shift zero rows
+  scores = np.array([1., 0, 0, 1] + [score] * 8, np.float32)
+  inputs = {"response_mask": jnp.asarray(mask), "scores": jnp.asarray(scores),
+            "group_ids": jnp.array([0] * 4 + [1] * 8), "token_kl": jnp.zeros((12, 4)),
+            "values": jnp.zeros((12, 4))}
+  config = cfg(adv_estimator=estimator, whiten_advantages=whiten)
+  config.reward_normalization.method = method
+  adv, _ = adv_lib.compute_advantages(inputs, config)
+  np.testing.assert_array_equal(adv[4:], 0.0)
+  np.testing.assert_array_equal(adv_lib.informative(adv), [True] * 4 + [False] * 8)
+  assert adv_lib.num_informative_groups(adv_lib.informative(adv), inputs["group_ids"]) == 1
+
+
+@pytest.mark.parametrize("score", [9.4, -0.7, 1e6])
+@pytest.mark.parametrize("method", ["mean_std", "mean"])
+def test_gigpo_equal_episodes_and_anchor_groups_get_exactly_zero(score, method):
+  # 8 episodes of one group, each two steps through the same two states (anchors),
+  # with equal step rewards: every anchor group and the episode group scored alike
+  n = 16
+  inputs = {"response_mask": jnp.ones((n, 2)), "token_kl": jnp.zeros((n, 2)),
+            "scores": jnp.full(n, score / 2, jnp.float32),
+            "episode_scores": jnp.full(n, score, jnp.float32),
+            "group_ids": jnp.zeros(n, jnp.int32),
+            "episode_ids": jnp.repeat(jnp.arange(8), 2),
+            "step_index": jnp.tile(jnp.arange(2), 8),
+            "anchor_ids": jnp.tile(jnp.arange(2), 8)}
+  config = cfg(adv_estimator="gigpo", whiten_advantages=True)
+  config.reward_normalization.method = method
+  adv, _ = adv_lib.compute_advantages(inputs, config)
+  np.testing.assert_array_equal(adv, 0.0)
+  assert not np.asarray(adv_lib.informative(adv)).any()
 
 
 def grad_of_loss(ratio, advantage, dual=None):

@@ -50,7 +50,13 @@ def group_normalize(x: jax.Array, group_ids: jax.Array, method: str, num_groups:
   w = jnp.ones_like(x) if weights is None else weights
   total = jnp.maximum(jax.ops.segment_sum(w, group_ids, num_groups), 1e-12)
   mean = jax.ops.segment_sum(w * x, group_ids, num_groups) / total
-  centered = x - mean[group_ids]
+  # A group whose members all scored alike carries no signal: exactly 0. Its float
+  # mean is a rounding error away from the score (8 x 9.4 in float32), and dividing
+  # that by std + eps would give every member a large advantage of one sign.
+  counted = w > 0
+  high = jax.ops.segment_max(jnp.where(counted, x, -jnp.inf), group_ids, num_groups)
+  low = jax.ops.segment_min(jnp.where(counted, x, jnp.inf), group_ids, num_groups)
+  centered = jnp.where((high == low)[group_ids], 0.0, x - mean[group_ids])
   if method == "mean":
     return centered
   var = jax.ops.segment_sum(w * centered**2, group_ids, num_groups) / total
@@ -327,11 +333,10 @@ def compute_advantages(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
         inputs["scores"], inputs["episode_ids"], inputs["step_index"], gamma)))
   inputs = pad_rows(inputs, bucket(n, 64), bucket(t))
   adv, returns = ADVANTAGES[config.adv_estimator](inputs, config)
-  mask = inputs["response_mask"]
-  if config.get("drop_zero_advantage_samples", False):
-    # these samples leave the batch (the pipeline keeps rows with a non-zero advantage):
-    # whitening must not count them, nor give them a non-zero advantage back
-    mask = mask * informative(adv)[:, None]
+  # Samples without a policy gradient (a group that scored alike) stay at exactly 0:
+  # whitening must not count them, nor give them a non-zero advantage back (with
+  # drop_zero_advantage_samples they leave the batch).
+  mask = inputs["response_mask"] * informative(adv)[:, None]
   if config.whiten_advantages:
     adv = whiten(adv, mask)
   if config.advantage_clip is not None:
