@@ -56,7 +56,7 @@ def get_config():
   # trust region: each update scaled back to this approx. KL from the rollout policy
   config.max_update_kl = 0.01
   config.actor_train.training_args.learning_rate = 5e-4  # 1e-3 swung validation after takeoff
-  config.actor_train.training_args.warmup_steps = 10
+  config.actor_train.training_args.warmup_steps = 2  # global steps: ~10 updates at ~4 a step
   config.actor_train.training_args.lr_scheduler_type = "constant"
   # minibatch = 64 packed rows of 176 tokens: ~4 updates per step; faster per token on CPU
   config.actor_train.training_args.per_device_train_batch_size = 64

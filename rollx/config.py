@@ -92,8 +92,8 @@ def _worker(role: str, *, learning_rate: float, **extra) -> ml_collections.Confi
           gradient_accumulation_steps=1,
           weight_decay=0.0,  # decoupled (AdamW), matrices only
           weight_decay_target="zero",  # zero (AdamW) | init: towards the params at the start
-          warmup_steps=0,
-          lr_scheduler_type="constant",  # constant | linear | cosine (after warmup)
+          warmup_steps=0,  # global steps of linear warmup (schedules run over max_steps)
+          lr_scheduler_type="constant",  # constant | linear | cosine: to 0 at max_steps
           max_grad_norm=1.0,  # global-norm clip; <= 0 disables
           adam_beta1=0.9,
           adam_beta2=0.999,

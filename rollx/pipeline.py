@@ -173,7 +173,7 @@ class AgenticPipeline:
       metrics["val_success"] = float(np.mean(val))
     metrics["entropy"] = metrics.get("actor/entropy", float("nan"))
     metrics["loss"] = metrics.get("actor/loss", float("nan"))
-    metrics["lr"] = self.learner.lr()
+    metrics["lr"] = self.learner.lr(self.step)
     metrics["response_length"] = float(batch.response_mask.sum() / max(len(batch), 1))
 
   def run(self, on_step: Optional[Callable[[int, Dict[str, float]], bool]] = None

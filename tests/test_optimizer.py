@@ -30,32 +30,33 @@ def tree():
 
 def test_decay_pulls_towards_the_initial_params_not_zero():
   params0 = tree()
-  tx = make_optimizer(args("init"), total_steps=10)
+  tx = make_optimizer(args("init"))
   state = tx.init(params0)
   moved = jax.tree.map(lambda p: p + 1.0, params0)  # every weight 1.0 from its start
   zero_grads = jax.tree.map(jnp.zeros_like, params0)  # Adam's part of the update is 0
   updates, _ = tx.update(zero_grads, state, moved)
-  # decoupled decay: -lr * wd * (p - p0) on matrices; norms are exempt
-  np.testing.assert_allclose(updates["layers"]["q_proj"], -LR * WD * np.ones((4, 3)), rtol=1e-6)
+  # decoupled decay: -lr * wd * (p - p0) on matrices; norms are exempt (the optimizer's
+  # updates are at lr 1: the train step scales them by the schedule's rate)
+  np.testing.assert_allclose(updates["layers"]["q_proj"], -WD * np.ones((4, 3)), rtol=1e-6)
   np.testing.assert_array_equal(updates["layers"]["input_layernorm"], np.zeros(4))
   # at the start there is nothing to decay: the update is plain Adam's
   g = jax.tree.map(lambda p: jnp.sin(3 * p), params0)
   t = args("init")
-  plain = optax.adam(LR, b1=t.adam_beta1, b2=t.adam_beta2, eps=t.adam_eps)
+  plain = optax.adam(1.0, b1=t.adam_beta1, b2=t.adam_beta2, eps=t.adam_eps)
   want, _ = plain.update(g, plain.init(params0), params0)
   got, _ = tx.update(g, state, params0)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-6)
   # and `zero` is AdamW: the same moved params decay towards 0, i.e. by lr * wd * p
-  tx0 = make_optimizer(args("zero"), total_steps=10)
+  tx0 = make_optimizer(args("zero"))
   updates0, _ = tx0.update(zero_grads, tx0.init(params0), moved)
   np.testing.assert_allclose(updates0["layers"]["q_proj"],
-                             -LR * WD * np.asarray(moved["layers"]["q_proj"]), rtol=1e-6)
+                             -WD * np.asarray(moved["layers"]["q_proj"]), rtol=1e-6)
 
 
 def test_bad_target_names_the_key():
   with pytest.raises(ValueError, match="weight_decay_target 'l2'"):
-    make_optimizer(args("l2"), total_steps=10)
+    make_optimizer(args("l2"))
 
 
 def test_the_centre_is_sharded_like_the_params_and_restored_bitwise(tmp_path):
@@ -81,3 +82,38 @@ def test_the_centre_is_sharded_like_the_params_and_restored_bitwise(tmp_path):
   for a, b in zip(jax.tree.leaves(restored["actor"]), jax.tree.leaves(state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert a.sharding == b.sharding
+
+
+def test_the_schedule_spans_the_run_however_many_updates_a_step_makes():
+  # a cosine schedule over 4 global steps; the steps make 1, 3 (dynamic-sampling
+  # rounds), 2 and 1 minibatch updates: every update of a step has that step's rate,
+  # and the last step still trains (a horizon counted in updates ended at step 1)
+  import types
+  from rollx import config as config_lib, models
+  from rollx.trainer.learner import Learner
+  from rollx.trainer.state import lr_schedule
+  c = config_lib.default_config()
+  c.custom_envs.FrozenLake = config_lib.env_entry("FrozenLake")
+  c.update(max_steps=4, rollout_batch_size=8, sequence_length=16, drop_zero_advantage_samples=True)
+  c.train_env_manager.update(group_size=4, num_env_groups=2)
+  c.actor_train.device_mapping = (0,)
+  c.actor_train.training_args.update(per_device_train_batch_size=4, learning_rate=1e-3,
+                                     lr_scheduler_type="cosine")
+  c = config_lib.validate(c)
+  learner = Learner(c, models.load_model(None))
+  schedule = lr_schedule(c.actor_train.training_args, c.max_steps)
+  rng = np.random.default_rng(0)
+  rates = []
+  for step, minibatches in enumerate((1, 3, 2, 1)):
+    n = 4 * minibatches
+    samples = {"input_ids": rng.integers(3, 500, (n, 16)).astype(np.int32),
+               "segment_ids": np.ones((n, 16), np.int32),
+               "response_mask": np.tile((np.arange(16) >= 12).astype(np.float32), (n, 1))}
+    adv = samples["response_mask"] * rng.choice([-1.0, 1.0], (n, 1)).astype(np.float32)
+    metrics = {}
+    learner.learn(types.SimpleNamespace(trajectories=[None] * n), samples, adv, adv.copy(),
+                  step, metrics)
+    rates.append(metrics["actor/lr"])
+    np.testing.assert_allclose(metrics["actor/lr"], float(schedule(step)), rtol=1e-6)
+  assert int(learner.actor_state.step) == 7
+  assert rates[-1] > 0.1 * 1e-3 and rates == sorted(rates, reverse=True)

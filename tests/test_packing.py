@@ -197,3 +197,38 @@ def test_merged_samples_give_the_actor_loss_and_gradient_of_all_copies(dual_clip
     np.testing.assert_allclose(float(metrics_m[k]), float(metrics[k]), rtol=1e-5, err_msg=k)
   for a, b in zip(jax.tree.leaves(grads_m), jax.tree.leaves(grads)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_a_minibatch_split_1_2_4_ways_gives_the_one_pass_loss_and_gradient(mode):
+  # rows of unequal response lengths (and one with none): an unweighted mean over
+  # microbatches would weight the tokens of a short microbatch more
+  import functools
+  from rollx import config as rollx_config
+  from rollx.algos import losses
+  from rollx.parallel import mesh as mesh_lib
+  from rollx.trainer.step import Trainer
+  from tests.test_sharding import CFG, initial_params, make_batch, worker
+  jax.config.update("jax_default_matmul_precision", "highest")
+  c = rollx_config.default_config()
+  c.loss_agg_mode, c.use_kl_loss, c.kl_loss_coef, c.entropy_loss_coef = mode, True, 0.2, 0.01
+  batch = make_batch(b=8)
+  batch["response_mask"][:4, 5:9] = 0  # microbatches of 2 ways differ in token count
+  batch["response_mask"][6] = 0
+  rng = np.random.default_rng(3)
+  batch["old_logp"] = -rng.random(batch["response_mask"].shape).astype(np.float32)
+  batch["ref_logp"] = -rng.random(batch["response_mask"].shape).astype(np.float32)
+  params = initial_params("lm")
+  results = []
+  for k in (1, 2, 4):
+    w = worker(grad_accum=k)
+    trainer = Trainer(CFG, w, mesh_lib.make_mesh(w.strategy_args, devices=jax.devices()[:1]),
+                      functools.partial(losses.actor_loss, c), 10,
+                      weight_fn=functools.partial(losses.loss_weight, mode))
+    loss, grads, _ = jax.jit(trainer.grads)(params, {k_: jnp.asarray(v) for k_, v in batch.items()},
+                                            jax.random.PRNGKey(0))
+    results.append((float(loss), jax.device_get(grads)))
+  for loss, grads in results[1:]:
+    np.testing.assert_allclose(loss, results[0][0], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(results[0][1])):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * np.abs(b).max())

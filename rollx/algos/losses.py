@@ -96,6 +96,16 @@ def value_loss(values, old_values, returns, mask, clip: Optional[float], agg: st
 # -- the roles' losses ---------------------------------------------------------------------
 
 
+def loss_weight(mode: str, batch) -> jax.Array:
+  """The denominator `aggregate` divides a batch's loss by: response tokens (token-mean,
+  merged samples counted by their weight) or sequences with a response (seq-mean-*).
+  The Trainer weights microbatches by it, so gradient accumulation is exact."""
+  mask = batch["response_mask"].astype(jnp.float32)
+  if mode == "token-mean":
+    return mask.sum()
+  return jnp.sum(mask.sum(axis=1) > 0).astype(jnp.float32)
+
+
 def actor_loss(config, model, params, batch, rng):
   """PPO policy loss (clip, optional dual clip) - entropy bonus + KL loss (use_kl_loss)."""
   del rng

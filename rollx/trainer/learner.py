@@ -50,7 +50,8 @@ def actor_trainer(config: ml_collections.ConfigDict, model_config, mesh, total_u
   trust_region = ((losses.update_kl, config.max_update_kl)
                   if config.max_update_kl is not None else None)
   return Trainer(model_config, config.actor_train, mesh, functools.partial(losses.actor_loss, config),
-                 total_updates, trust_region=trust_region)
+                 total_updates, trust_region=trust_region,
+                 weight_fn=functools.partial(losses.loss_weight, config.loss_agg_mode))
 
 
 class Learner:
@@ -69,8 +70,10 @@ class Learner:
     # minibatch where it divides evenly): little padding, few compiled shapes.
     per_device = at.training_args.per_device_train_batch_size
     self.granule = self.minibatch // 4 if per_device % 4 == 0 else self.minibatch
-    updates = c.max_steps * c.ppo_epochs * max(1, c.rollout_batch_size // self.minibatch)
-    self.actor = actor_trainer(c, policy.config, self.mesh, updates)
+    # The learning-rate schedules run over global steps: a step makes as many updates as
+    # its samples fill minibatches (and dynamic sampling adds rounds), so a horizon
+    # counted in updates would end before the run does.
+    self.actor = actor_trainer(c, policy.config, self.mesh, c.max_steps)
     host_params = jax.device_get(policy.params)  # init_state donates what it is given
     self.actor_state = self.actor.init_state(host_params)
     self.reference = self.ref_params = None
@@ -88,8 +91,9 @@ class Learner:
       cw = c.critic
       critic_mesh = mesh_lib.make_mesh(cw.strategy_args, cw.device_mapping, "critic")
       self.critic = Trainer(policy.config, cw, critic_mesh,
-                            functools.partial(losses.critic_loss, c), updates, head="value",
-                            role="critic")
+                            functools.partial(losses.critic_loss, c), c.max_steps, head="value",
+                            role="critic",
+                            weight_fn=functools.partial(losses.loss_weight, c.loss_agg_mode))
       self.critic_state = self.critic.init_state(hf.critic_params_from_policy(host_params))
     self.kl_ctrl = kl_lib.from_config(c)
     self.rng = jax.random.PRNGKey(c.seed)
@@ -99,8 +103,9 @@ class Learner:
     """The policy's params on host (multi-host: every process gathers)."""
     return distributed.to_host(self.actor_state.params)
 
-  def lr(self) -> float:
-    return float(self.actor.lr_schedule(int(self.actor_state.step)))
+  def lr(self, step: int) -> float:
+    """The actor's learning rate at global step `step`."""
+    return float(self.actor.lr_schedule(step))
 
   def states(self) -> Dict[str, Any]:
     states = {"actor": self.actor_state, "rng": {"key": self.rng}}
@@ -138,7 +143,8 @@ class Learner:
       outs.append(distributed.to_host(out[0] if isinstance(out, tuple) else out))
     return np.concatenate(outs)
 
-  def _update(self, trainer: Trainer, state, arrays: Dict[str, np.ndarray], keys, rows: int):
+  def _update(self, trainer: Trainer, state, arrays: Dict[str, np.ndarray], keys, rows: int,
+              step: int):
     n = len(arrays["input_ids"])
     metrics = []
     for _ in range(self.config.ppo_epochs):
@@ -147,6 +153,7 @@ class Learner:
       for i in range(0, n, rows):
         mb = trainer.batch_sharding({k: jnp.asarray(arrays[k][order[i:i + rows]]) for k in keys})
         self.rng, key = jax.random.split(self.rng)
+        state = state.replace(schedule_step=np.int32(step))  # every update of a step: its lr
         state, m = trainer.update(state, mb, key)
         metrics.append(jax.device_get(m))
     return state, {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]}
@@ -217,13 +224,13 @@ class Learner:
     if self.use_critic:
       self.critic_state, m = self._update(
           self.critic, self.critic_state, arrays,
-          ("input_ids", "segment_ids", "response_mask", "old_values", "returns"), rows)
+          ("input_ids", "segment_ids", "response_mask", "old_values", "returns"), rows, step)
       metrics.update({f"critic/{k}": v for k, v in m.items()})
     if step >= c.critic_warmup:
       keys = ("input_ids", "segment_ids", "response_mask", "old_logp", "advantages") + (
           ("ref_logp",) if c.use_kl_loss else ()) + (
           ("score_index",) if score_index is not None else ())
-      self.actor_state, m = self._update(self.actor, self.actor_state, arrays, keys, rows)
+      self.actor_state, m = self._update(self.actor, self.actor_state, arrays, keys, rows, step)
       metrics.update({f"actor/{k}": v for k, v in m.items()})
     metrics["time/train"] = time.time() - t
     if self.kl_on:

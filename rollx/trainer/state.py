@@ -11,14 +11,18 @@ import optax
 
 
 class TrainState(flax.struct.PyTreeNode):
-  step: jax.Array
+  step: jax.Array  # optimizer updates made
   params: Any
   opt_state: Any
+  # Where the learning-rate schedule stands: +1 per update unless the owner sets it
+  # (the learner sets it to the global step, so the schedule spans the run's steps
+  # however many updates each step makes).
+  schedule_step: jax.Array
 
 
 def lr_schedule(training_args, total_steps: int) -> optax.Schedule:
   """Linear warmup to `learning_rate`, then constant / linear / cosine decay to 0 at
-  `total_steps` (optimizer updates)."""
+  `total_steps` (in the unit of TrainState.schedule_step)."""
   lr = float(training_args.learning_rate)
   warmup = int(training_args.warmup_steps)
   decay_steps = max(int(total_steps) - warmup, 1)
@@ -75,13 +79,14 @@ def decay_toward_init(weight_decay: float, mask) -> optax.GradientTransformation
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def make_optimizer(training_args, total_steps: int) -> optax.GradientTransformation:
-  """Clip by global norm (`max_grad_norm` <= 0: off), then AdamW on the schedule; with
+def make_optimizer(training_args) -> optax.GradientTransformation:
+  """Clip by global norm (`max_grad_norm` <= 0: off), then AdamW at learning rate 1; the
+  step scales the updates by the schedule's rate (AdamW's update is linear in it). With
   `weight_decay_target="init"` the decay pulls towards the initial params, not zero."""
   chain = []
   if float(training_args.max_grad_norm) > 0:
     chain.append(optax.clip_by_global_norm(float(training_args.max_grad_norm)))
-  schedule = lr_schedule(training_args, total_steps)
+  schedule = 1.0
   adam = dict(b1=float(training_args.adam_beta1), b2=float(training_args.adam_beta2),
               eps=float(training_args.adam_eps))
   weight_decay = float(training_args.weight_decay)
@@ -98,4 +103,5 @@ def make_optimizer(training_args, total_steps: int) -> optax.GradientTransformat
 
 
 def new_state(params, tx: optax.GradientTransformation) -> TrainState:
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    schedule_step=jnp.zeros((), jnp.int32))

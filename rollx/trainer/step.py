@@ -43,10 +43,15 @@ class Trainer:
 
   def __init__(self, model_config: llm.ModelConfig, worker, mesh: Mesh, loss_fn: LossFn,
                total_steps: int, head: str = "lm", role: str = "actor_train",
-               trust_region: Optional[Tuple[KLFn, float]] = None):
+               trust_region: Optional[Tuple[KLFn, float]] = None,
+               weight_fn: Optional[Callable[[Batch], jax.Array]] = None):
     partition.check_model_fits(model_config, mesh, role)
     self.mesh, self.role, self.loss_fn, self.head = mesh, role, loss_fn, head
     self.trust_region = trust_region
+    # A microbatch's share of the minibatch's loss: its loss's denominator (tokens for
+    # token-mean, sequences for the seq-mean modes), so that any split into
+    # microbatches gives the one-pass loss and gradient. None: equal shares.
+    self.weight_fn = weight_fn or (lambda mb: jnp.float32(1.0))
     self.config = model_config
     self.grad_accum = int(worker.training_args.gradient_accumulation_steps)
     dtype = llm.DTYPES[worker.model_args.dtype]
@@ -63,7 +68,7 @@ class Trainer:
         attention_block=block,
         activation_constraint=functools.partial(jax.lax.with_sharding_constraint,
                                                 shardings=residual))
-    self.tx = make_optimizer(worker.training_args, total_steps)
+    self.tx = make_optimizer(worker.training_args)
     self.lr_schedule = lr_schedule(worker.training_args, total_steps)
 
     # Shapes first (eval_shape: nothing allocated), then shardings from the rules.
@@ -73,7 +78,8 @@ class Trainer:
     abstract_state = jax.eval_shape(functools.partial(new_state, tx=self.tx), abstract_params)
     self.state_shardings = TrainState(
         step=NamedSharding(mesh, P()), params=self.param_shardings,
-        opt_state=partition.tree_shardings(abstract_state.opt_state, self.param_shardings, mesh))
+        opt_state=partition.tree_shardings(abstract_state.opt_state, self.param_shardings, mesh),
+        schedule_step=NamedSharding(mesh, P()))
     self.abstract_state = abstract_state
     self.num_traces = 0  # how often `update` was traced (tests: compiled once)
 
@@ -104,36 +110,45 @@ class Trainer:
     return jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
                         batch)
 
+  def _weights(self, micro: Batch) -> jax.Array:
+    """[k] each microbatch's share (sums to 1)."""
+    w = jax.lax.map(self.weight_fn, micro).astype(jnp.float32)
+    return w / jnp.maximum(w.sum(), 1e-12)
+
   def grads(self, params, batch: Batch, rng: jax.Array):
-    """Mean loss and gradients over `gradient_accumulation_steps` microbatches (the
+    """Loss and gradients of the minibatch, accumulated over
+    `gradient_accumulation_steps` microbatches, each weighted by its share (the
     update's first half; traceable, for tests that compare gradients)."""
     k = self.grad_accum
     micro = self._micro(batch)
     grad_fn = jax.value_and_grad(functools.partial(self.loss_fn, self.model), has_aux=True)
 
-    def accumulate(carry, mb_and_rng):
+    def accumulate(carry, xs):
       grads_sum, loss_sum = carry
-      mb, r = mb_and_rng
+      mb, r, w = xs
       (loss, aux), grads = grad_fn(params, mb, r)
-      return (jax.tree.map(jnp.add, grads_sum, grads), loss_sum + loss), aux
+      return (jax.tree.map(lambda a, g: a + w * g, grads_sum, grads), loss_sum + w * loss), aux
 
     zeros = jax.tree.map(jnp.zeros_like, params)
     (grads, loss), aux = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32)),
-                                      (micro, jax.random.split(rng, k)))
-    return loss / k, jax.tree.map(lambda g: g / k, grads), aux
+                                      (micro, jax.random.split(rng, k), self._weights(micro)))
+    return loss, grads, aux
 
   def _update(self, state: TrainState, batch: Batch, rng: jax.Array):
     self.num_traces += 1
     loss, grads, aux = self.grads(state.params, batch, rng)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    lr = self.lr_schedule(state.schedule_step)
+    updates = jax.tree.map(lambda u: (u * lr).astype(u.dtype), updates)
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": lr}
     metrics.update(jax.tree.map(lambda a: a.mean(), aux))
     if self.trust_region is not None:
       updates, tr_metrics = self._trust_region(state.params, updates, batch,
                                                metrics["approx_kl"])
       metrics.update(tr_metrics)
     params = optax.apply_updates(state.params, updates)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                         schedule_step=state.schedule_step + 1), metrics
 
   def _trust_region(self, params, updates, batch: Batch, kl_before: jax.Array):
     """Scale `updates` so the policy's KL from the rollout policy on this minibatch ends
@@ -154,9 +169,11 @@ class Trainer:
     kl_fn, max_kl = self.trust_region
     micro = self._micro(batch)
 
+    shares = self._weights(micro)
+
     def kl_at(scale):
       moved = jax.tree.map(lambda p, u: p + (u * scale).astype(p.dtype), params, updates)
-      return jax.lax.map(lambda mb: kl_fn(self.model, moved, mb), micro).mean()
+      return (jax.lax.map(lambda mb: kl_fn(self.model, moved, mb), micro) * shares).sum()
 
     room = jnp.maximum(max_kl - kl_before, 0.0)
     proposed = kl_at(jnp.float32(1.0))
