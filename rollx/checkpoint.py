@@ -108,3 +108,46 @@ def abstract_of(tree, shardings):
   """ShapeDtypeStructs with shardings: what Orbax restores into."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       tree, shardings)
+
+
+# -- the policy alone (rollx.eval) -----------------------------------------------------
+
+
+def params_metadata(step_dir: str):
+  """The tree of the actor's saved params (Orbax ArrayMetadata: shape, dtype) in a step
+  directory, read from its metadata only."""
+  from etils import epath
+  tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(step_dir) / "actor").tree
+  if not isinstance(tree, dict) or "params" not in tree:
+    raise ValueError(f"{step_dir}/actor holds no params")
+  return tree["params"]
+
+
+def shape_mismatch(saved, like) -> Optional[str]:
+  """None when `saved` (params_metadata) has exactly the names and shapes of `like`
+  (ShapeDtypeStructs); else what differs first, e.g. "params/embed_tokens has shape
+  (640, 128)"."""
+  def by_name(tree):
+    return {"/".join(str(getattr(k, "key", k)) for k in path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  have, want = by_name(saved), by_name(like)
+  for name in sorted(set(have) | set(want)):
+    if name not in want:
+      return f"params/{name} is in the checkpoint"
+    if name not in have:
+      return f"params/{name} is missing from the checkpoint"
+    if have[name] != want[name]:
+      return f"params/{name} has shape {have[name]} (the model: {want[name]})"
+  return None
+
+
+def restore_params(step_dir: str, like):
+  """The actor's params of a step directory as numpy arrays, at their saved dtype: a
+  partial restore (the optimizer state is not read). `like`: the params' tree
+  (ShapeDtypeStructs or arrays)."""
+  target = {"params": jax.tree.map(lambda x: np.zeros((), x.dtype), like)}
+  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+  restored = ocp.PyTreeCheckpointer().restore(
+      os.path.join(os.path.abspath(step_dir), "actor"),
+      args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True))
+  return restored["params"]

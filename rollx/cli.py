@@ -3,6 +3,7 @@ console without library chatter (`quiet_console`)."""
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 import re
 import sys
@@ -73,7 +74,7 @@ def verbose() -> bool:
   return flags.FLAGS["verbosity"].present and flags.FLAGS["verbosity"].value >= 0
 
 
-def quiet_console(config: ml_collections.ConfigDict) -> None:
+def quiet_console() -> None:
   """Keeps what the libraries say at INFO off the console (an entry point calls it after
   flag parsing, before Ray or JetStream are imported); --verbosity=0 brings it back.
 
@@ -81,9 +82,8 @@ def quiet_console(config: ml_collections.ConfigDict) -> None:
   - Ray's driver logger ("Started a local Ray instance"): RAY_LOGGER_LEVEL=warning, read
     when ray is imported. The actors' output stays off the console (cluster.init_ray:
     log_to_driver=False).
-  - Ray's notice that a new local cluster turns token authentication on: RAY_AUTH_MODE=token
-    asks for what Ray does anyway for a local cluster, without the notice (not when
-    joining a cluster, `ray_address`: that cluster's own mode applies).
+  - Ray's notice, at WARNING, that a new local cluster has token authentication on (its
+    default; not a problem to act on): that one logger at ERROR.
   - TensorFlow's native start-up records (jetstream -> seqio -> tensorflow):
     rollx.serving.compat filters them while it imports JetStream.
   Settings already in the environment are kept.
@@ -92,5 +92,5 @@ def quiet_console(config: ml_collections.ConfigDict) -> None:
     return
   logging.set_verbosity(logging.WARNING)
   os.environ.setdefault("RAY_LOGGER_LEVEL", "warning")
-  if not config.get("ray_address"):
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+  std_logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+      std_logging.ERROR)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import uuid
 from typing import List, Optional, Sequence, Tuple
 
 import ml_collections
@@ -141,13 +142,15 @@ class _SchedulerLink:
 
 
 class EnvWorkerActor(EnvWorker):
-  """An EnvWorker in a Ray actor: it reaches the scheduler actor through its handle and
+  """An EnvWorker in a Ray actor: it looks the scheduler actor up by name and
   starts its loops as soon as it is up, including after a restart by Ray."""
 
-  def __init__(self, config_dict: dict, manager: str, env_ids: Sequence[int], scheduler,
-               server_addresses: Sequence[str], render_env_ids: Sequence[int] = ()):
+  def __init__(self, config_dict: dict, manager: str, env_ids: Sequence[int],
+               scheduler_name: str, server_addresses: Sequence[str],
+               render_env_ids: Sequence[int] = ()):
     super().__init__(ml_collections.ConfigDict(config_dict), manager, env_ids,
-                     _SchedulerLink(scheduler), server_addresses, render_env_ids)
+                     _SchedulerLink(ray.get_actor(scheduler_name)), server_addresses,
+                     render_env_ids)
     ray.get_runtime_context().current_actor.start.remote()
 
   def pid(self) -> int:
@@ -220,17 +223,19 @@ def start_rollout(config: ml_collections.ConfigDict, manager: str,
   per_worker = int(m.max_env_num_per_worker)
   chunks = [env_ids[i:i + per_worker] for i in range(0, len(env_ids), per_worker)]
   assert len(chunks) == math.ceil(len(env_ids) / per_worker)
-  scheduler = ray.remote(num_cpus=0)(RolloutScheduler).options(max_concurrency=10000).remote(
-      config, manager, stream)
+  scheduler_name = f"rollx-scheduler-{manager}-{uuid.uuid4().hex}"
+  scheduler = ray.remote(num_cpus=0)(RolloutScheduler).options(
+      max_concurrency=10000, name=scheduler_name).remote(config, manager, stream)
   if resources is None:
     resources = placement(config, "env_worker")
   worker_cls = ray.remote(num_cpus=0, max_restarts=-1, resources=resources)(EnvWorkerActor)
-  # Restartable actors are re-created from their constructor arguments. The config
-  # (a few KB, under Ray's 100 KB inline limit) travels inside each worker's creation
-  # task, so a restart has nothing in the object store to lose (an ObjectRef argument
-  # would be, and Ray warns about it on every start: ray-project/ray#53727).
+  # Restartable actors are re-created from their constructor arguments, so these are
+  # plain values inside the creation task: the config (a few KB, under Ray's 100 KB
+  # inline limit) and the scheduler's name (a worker looks the actor up). An ObjectRef
+  # or an actor handle there could be gone by the time of a restart, and Ray says so
+  # on every start (ray-project/ray#53727).
   config_dict = config.to_dict()
   workers = [worker_cls.options(max_concurrency=10000).remote(
-      config_dict, manager, chunk, scheduler, list(server_addresses), list(render_env_ids))
-      for chunk in chunks]
+      config_dict, manager, chunk, scheduler_name, list(server_addresses),
+      list(render_env_ids)) for chunk in chunks]
   return Rollout(scheduler, workers, chunks)

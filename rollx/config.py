@@ -176,6 +176,7 @@ def default_config() -> ml_collections.ConfigDict:
       pg_clip_low=config_dict.placeholder(float),  # asymmetric clip; None = pg_clip
       pg_clip_high=config_dict.placeholder(float),
       dual_clip_loss=False,
+      dual_clip_ratio=3.0,  # dual-clip PPO's c (Ye et al. 2020): a negative A's loss <= -A c
       value_clip=0.5,  # critic value clip; <= 0 disables
       init_kl_coef=0.0,  # KL-in-reward coefficient
       target_kl=config_dict.placeholder(float),  # adaptive KL controller target; None = fixed
@@ -387,6 +388,17 @@ def _ranges(c: _Checker, cfg):
                 and not cfg.use_kl_loss), "drop_zero_advantage_samples",
            "cannot be combined with a KL penalty in the reward (init_kl_coef > 0 without "
            "use_kl_loss): that penalty makes every advantage non-zero")
+  if isinstance(cfg.init_kl_coef, float) and cfg.init_kl_coef > 0:
+    c.rule(not cfg.use_kl_loss, "init_kl_coef",
+           f"{cfg.init_kl_coef} is the KL penalty in the reward, which use_kl_loss=True "
+           "replaces by the KL loss (kl_loss_coef): set one of them")
+  if cfg.adv_estimator == "gigpo":
+    c.rule(cfg.train_env_manager.env_manager_type == "step", "adv_estimator",
+           "gigpo's anchor states are env steps: it needs step-wise samples "
+           "(train_env_manager.env_manager_type='step'); with trajectory-wise ones use grpo")
+  if isinstance(cfg.dual_clip_ratio, float):
+    c.rule(cfg.dual_clip_ratio > 1, "dual_clip_ratio",
+           f"must be > 1 (the cap sits beyond the clip range), got {cfg.dual_clip_ratio}")
   c.choice(cfg, "loss_agg_mode", "loss_agg_mode", LOSS_AGG_MODES)
   c.choice(cfg, "kl_loss_type", "kl_loss_type", KL_ESTIMATORS)
   if isinstance(cfg.reward_normalization, (ml_collections.ConfigDict, dict)):

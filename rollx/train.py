@@ -26,7 +26,7 @@ def main(argv: List[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments {argv[1:]}")
   config = cli.load_config()
-  cli.quiet_console(config)  # no library INFO records; --verbosity=0 shows them
+  cli.quiet_console()  # no library INFO records; --verbosity=0 shows them
   from rollx.parallel import distributed
   try:  # before anything touches a JAX backend
     distributed.maybe_initialize()

@@ -391,3 +391,15 @@ def test_padding_rows_to_a_bucket_changes_no_advantage(estimator, grouping, meth
   want_adv = (want_adv - want_adv[mask > 0].mean()) / (want_adv[mask > 0].std() + adv_lib.EPS) * mask
   np.testing.assert_allclose(got_adv, want_adv, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got_ret, want_ret, rtol=1e-5, atol=1e-6)
+
+
+def test_actor_loss_caps_a_negative_advantage_at_dual_clip_ratio(monkeypatch):
+  # ratio 3 on a token with A = -1: clipped PPO gives 3, dual clip caps it at -A * c
+  logp = jnp.log(jnp.array([[3.0]]))
+  monkeypatch.setattr(losses.logprobs, "compute_logprobs", lambda *a: (logp, jnp.zeros((1, 1))))
+  batch = {"input_ids": None, "segment_ids": None, "response_mask": jnp.ones((1, 1)),
+           "old_logp": jnp.zeros((1, 1)), "advantages": jnp.array([[-1.0]])}
+  for on, c, want in ((False, 2.0, 3.0), (True, 2.0, 2.0), (True, 2.5, 2.5)):
+    config = cfg(dual_clip_loss=on, dual_clip_ratio=c)
+    loss, _ = losses.actor_loss(config, None, None, batch, None)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-6)

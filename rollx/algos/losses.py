@@ -14,8 +14,6 @@ import jax.numpy as jnp
 
 from rollx.models import logprobs
 
-DUAL_CLIP = 3.0  # dual-clip PPO's c (Ye et al. 2020): -A * c caps the loss of a negative A
-
 
 def aggregate(loss_nt: jax.Array, mask_nt: jax.Array, mode: str) -> jax.Array:
   """token-mean: over all response tokens of the batch; seq-mean-token-mean: mean over
@@ -115,7 +113,7 @@ def actor_loss(config, model, params, batch, rng):
   low = config.pg_clip_low if config.pg_clip_low is not None else config.pg_clip
   high = config.pg_clip_high if config.pg_clip_high is not None else config.pg_clip
   pg, metrics = ppo_policy_loss(logp, batch["old_logp"], batch["advantages"], mask, low, high,
-                                DUAL_CLIP if config.dual_clip_loss else None, agg)
+                                config.dual_clip_ratio if config.dual_clip_loss else None, agg)
   ent = aggregate(entropy, mask, agg)
   loss = pg - config.entropy_loss_coef * ent
   if config.use_kl_loss:
