@@ -1,13 +1,15 @@
 """Advantage computation per training step: bucketed (padded) rows vs. exact shapes.
 
     python bench/advantages.py [--steps 20] [--estimator grpo]
+    python bench/advantages.py --quick     # `make bench`: 4 steps
 
 A training step's sample count changes every step (step-wise FrozenLake: ~400-700
 rows), and eager JAX compiles each op once per shape. Both sides compute the same
 advantages on the same sequence of batches in the same process (checked equal):
 - rollx: `compute_advantages`, rows padded to a power of two (compiled ops reused);
 - baseline: the estimator on the exact shapes (the pre-bucketing path: the same
-  episode view, `on_episodes(..., shape_stable=False)`, whitening).
+  episode view, `on_episodes(..., shape_stable=False)`), with compute_advantages' steps
+  around it (the `episode_reward_gamma` discount, whitening, the clip).
 Prints ms per step for each and the ratio, after one warm-up batch each.
 """
 
@@ -22,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rollx.algos import advantages as adv_lib  # noqa: E402
-from tests.test_config import load  # noqa: E402
+from configs import frozenlake  # noqa: E402
 
 
 def frozenlake_like_batch(rng, episodes: int = 128, width: int = 160):
@@ -48,21 +50,34 @@ def frozenlake_like_batch(rng, episodes: int = 128, width: int = 160):
 
 
 def exact_shapes(inputs, config):
-  """The estimator on the batch as it is (no padding), then whitening."""
+  """What compute_advantages does, on the batch as it is (no padding): the episode score
+  discounted per move where the config says so, the estimator, then whitening over
+  the samples with a policy gradient (the others stay 0) and the clip."""
+  gamma = config.get("episode_reward_gamma", 1.0)
+  if gamma < 1.0:
+    inputs = dict(inputs, episode_scores=adv_lib.discounted_episode_scores(
+        inputs["scores"], inputs["episode_ids"], inputs["step_index"], gamma))
   estimator = {"gae": adv_lib.gae, "grpo": adv_lib.grpo, "reinforce": adv_lib.reinforce,
                "gigpo": adv_lib.gigpo}[config.adv_estimator]
   if config.adv_estimator != "gigpo":  # step rows -> episodes, as in ADVANTAGES
     estimator = adv_lib.on_episodes(estimator, shape_stable=False)
   adv, _ = estimator({k: jnp.asarray(v) for k, v in inputs.items()}, config)
-  return adv_lib.whiten(adv, jnp.asarray(inputs["response_mask"]))
-
+  mask = jnp.asarray(inputs["response_mask"]) * adv_lib.informative(adv)[:, None]
+  if config.whiten_advantages:
+    adv = adv_lib.whiten(adv, mask)
+  if config.advantage_clip is not None:
+    adv = jnp.clip(adv, -config.advantage_clip, config.advantage_clip)
+  return adv * mask
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--estimator", default="grpo", choices=["grpo", "gae", "reinforce", "gigpo"])
+  parser.add_argument("--quick", action="store_true", help="4 steps (make bench)")
   args = parser.parse_args()
-  config = load("frozenlake")
+  if args.quick:
+    args.steps = 4
+  config = frozenlake.get_config()
   config.adv_estimator = args.estimator
   config.drop_zero_advantage_samples = False  # the baseline's whitening counts every row
   rng = np.random.default_rng(0)
@@ -83,7 +98,8 @@ def main():
   rows = np.mean([len(b["episode_ids"]) for b in batches])
   print(f"{args.estimator}, {args.steps} batches of ~{rows:.0f} step rows (sizes vary): "
         f"bucketed {timings['bucketed']:.1f} ms/step, exact shapes "
-        f"{timings['exact shapes']:.1f} ms/step: {timings['exact shapes'] / timings['bucketed']:.1f}x")
+        f"{timings['exact shapes']:.1f} ms/step: ratio "
+        f"{timings['exact shapes'] / timings['bucketed']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 large blocks, one process.
 
     python bench/host_malloc.py [--rows 64 --seq 160 --rounds 6]
+    python bench/host_malloc.py --quick    # `make bench`: 16 x 160 tokens, 2 rounds
 
 The default model's gradient step (log-prob loss) on a packed batch, jitted once.
 Rounds alternate the two settings in the same process (these machines are noisy):
@@ -37,7 +38,10 @@ def main():
   p.add_argument("--seq", type=int, default=160)
   p.add_argument("--rounds", type=int, default=6)
   p.add_argument("--steps", type=int, default=5, help="steps per round")
+  p.add_argument("--quick", action="store_true", help="16 rows, 2 rounds of 2 steps (make bench)")
   args = p.parse_args()
+  if args.quick:
+    args.rows, args.rounds, args.steps = 16, 2, 2
   if ARENA not in os.environ.get("GLIBC_TUNABLES", ""):
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
               dict(os.environ, GLIBC_TUNABLES=ARENA))
@@ -77,7 +81,7 @@ def main():
   print(f"train step (grad), default model, {args.rows}x{args.seq} tokens, {os.cpu_count()} CPUs: "
         f"baseline {base * 1e3:.0f} ms ({np.median(faults['baseline']):.0f} page faults), "
         f"tuned {tuned * 1e3:.0f} ms ({np.median(faults['tuned']):.0f} page faults): "
-        f"{base / tuned:.2f}x")
+        f"ratio {base / tuned:.2f}x")
 
 
 if __name__ == "__main__":

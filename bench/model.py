@@ -1,6 +1,7 @@
 """Forward and train-step tokens/s: rollx (JAX) vs. transformers (torch CPU), same run.
 
     python bench/model.py [--configs default,qwen2.5-0.5b] [--batch 8 --seq 128]
+    python bench/model.py --quick    # `make bench`: the default model, 4 x 64 tokens
 
 For each config, both implementations get the same weights (ours are loaded from
 the HF directory torch writes) and the same batch; the train step is next-token
@@ -105,7 +106,11 @@ def main():
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--iters", type=int, default=3)
+  parser.add_argument("--quick", action="store_true", help="default model, 4 x 64 tokens, 2 "
+                      "iterations (make bench)")
   args = parser.parse_args()
+  if args.quick:
+    args.configs, args.batch, args.seq, args.iters = "default", 4, 64, 2
   print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; torch {torch.__version__} "
         f"CPU threads {torch.get_num_threads()}")
   for name in args.configs.split(","):

@@ -2,6 +2,7 @@
 
     python bench/scored_head.py                     # default model, FrozenLake-like rows
     python bench/scored_head.py --vocab 151936 --rows 8   # a Qwen-sized vocabulary
+    python bench/scored_head.py --quick             # `make bench`: 8 rows, 2 rounds
 
 Rows are packed like configs/frozenlake.py's: `--rows` x 160 tokens, five 32-token
 samples per row whose last 4 tokens are the response. The baseline computes the
@@ -36,7 +37,10 @@ def main():
   p.add_argument("--rows", type=int, default=64)
   p.add_argument("--vocab", type=int, default=None, help="default: the default model's")
   p.add_argument("--rounds", type=int, default=6)
+  p.add_argument("--quick", action="store_true", help="8 rows, 2 rounds (make bench)")
   args = p.parse_args()
+  if args.quick:
+    args.rows, args.rounds = 8, 2
 
   loaded = models.load_model(None)
   cfg, params = loaded.config, loaded.params
@@ -82,8 +86,8 @@ def main():
         jax.block_until_ready(f(params))
         times[i].append(time.perf_counter() - start)
     b, s = np.median(times[0]), np.median(times[1])
-    print(f"{name}: every position {b * 1e3:.1f} ms, response positions {s * 1e3:.1f} ms "
-          f"-> {b / s:.2f}x")
+    print(f"{name}: every position {b * 1e3:.1f} ms, response positions {s * 1e3:.1f} ms: "
+          f"ratio {b / s:.2f}x")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python bench/serve.py [--requests 256 --max-new-tokens 32 --slots 64]
     python bench/serve.py --workload rollout [--chains 128 --turns 5]
+    python bench/serve.py --quick    # `make bench`: rollout shape, 16 chains x 2 turns, depth 1
 
 Same model (the shipped default, or --pretrain DIR), same machine, one process:
 - rollx: an in-process RolloutServer (JetStream Driver + gRPC on loopback), all
@@ -37,7 +38,7 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rollx import models  # noqa: E402
-from rollx.config import PREFILL_BUCKETS  # noqa: E402
+from rollx.serving import PREFILL_BUCKETS  # noqa: E402
 from rollx.serving.client import RolloutClient  # noqa: E402
 from rollx.serving.engine import RollxEngine, Sampling  # noqa: E402
 from rollx.serving.server import RolloutServer  # noqa: E402
@@ -55,7 +56,11 @@ def main():
   p.add_argument("--depths", default=None,
                  help="comma-separated detokenize depths (default: 8,1 for rollout, 1 otherwise)")
   p.add_argument("--repeats", type=int, default=2)
+  p.add_argument("--quick", action="store_true",
+                 help="rollout workload, 16 chains x 2 turns, 16 slots, depth 1 (make bench)")
   args = p.parse_args()
+  if args.quick:
+    args.workload, args.chains, args.turns, args.slots, args.depths = "rollout", 16, 2, 16, "1"
   loaded = models.load_model(args.pretrain)
   rng = np.random.default_rng(0)
   vocab = loaded.config.vocab_size
@@ -137,16 +142,6 @@ def main():
   device = jax.devices()[0]
   shape = (f"{args.chains} chains x {args.turns} turns, 32-token prompts"
            if args.workload == "rollout" else f"{args.requests} requests, prompts 8..200 tokens")
-  for d in depths:
-    best = min(times[d])
-    print(f"{device.device_kind}: {shape}, {n_new} new tokens each, {args.slots} slots, "
-          f"detokenize depth {d}: rollx server {total / best:.0f} tok/s "
-          f"({len(prompts) / best:.0f} requests/s), transformers generate "
-          f"{total / hf_s:.0f} tok/s, ratio {hf_s / best:.2f}x")
-  if len(depths) > 1:
-    print(f"detokenize depth {depths[-1]} vs {depths[0]}: "
-          f"{min(times[depths[0]]) / rollx_s:.2f}x requests/s (best of {args.repeats} each, "
-          f"alternated)")
   if device.platform == "gpu":
     params_bytes = sum(x.nbytes for x in jax.tree.leaves(loaded.params))
     c = loaded.config
@@ -157,6 +152,15 @@ def main():
           f"{(params_bytes + kv_bytes) / bw * 1e3:.3f} ms")
   else:
     print("decode step vs memory-bandwidth floor: n/a (no GPU in this run)")
+  for d in depths:
+    best = min(times[d])
+    print(f"{device.device_kind}: {shape}, {n_new} new tokens each, {args.slots} slots, "
+          f"detokenize depth {d}: rollx server {total / best:.0f} tok/s "
+          f"({len(prompts) / best:.0f} requests/s), transformers generate "
+          f"{total / hf_s:.0f} tok/s, ratio {hf_s / best:.2f}x")
+  if len(depths) > 1:
+    print(f"detokenize depth {depths[-1]} vs {depths[0]} (best of {args.repeats} each, "
+          f"alternated): ratio {min(times[depths[0]]) / rollx_s:.2f}x requests/s")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """XLA temp memory of a config's actor update and log-prob pass, before running it.
 
     python bench/step_memory.py --config=configs/sokoban.py:multiturn [--rows 64]
+    python bench/step_memory.py --quick    # `make bench`: that config, 16 rows, 32 scored
 
 Compiles (does not run) the actor's jitted update (loss, gradients over the
 microbatches, the trust-region search) and the log-prob pass for one minibatch of
@@ -11,7 +12,8 @@ scratch it needs besides inputs and outputs) for three settings, the same proces
   once (`per_device_train_batch_size` = rows, no accumulation);
 - blocked: the config's `attention_block`, still the whole minibatch at once;
 - as configured: the config's attention block and microbatches.
-Ratios are against the dense setting (> 1: smaller).
+Ratios are against the dense setting (> 1: smaller); the last line: the configured
+setting's.
 """
 
 import os
@@ -23,18 +25,22 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rollx import cli, models  # noqa: E402  (cli defines --config)
-from rollx import pipeline as pipeline_lib  # noqa: E402
+from rollx.trainer import learner as learner_lib  # noqa: E402
 from rollx.parallel import mesh as mesh_lib  # noqa: E402
 
 _ROWS = flags.DEFINE_integer("rows", 64, "packed rows per minibatch")
 _SCORED = flags.DEFINE_integer("scored", 128, "response positions scored per row")
+_QUICK = flags.DEFINE_bool("quick", False, "16 rows, 32 scored; without --config, "
+                           "configs/sokoban.py:multiturn (make bench)")
+QUICK_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "configs", "sokoban.py:multiturn")
 
 
 def temp_mb(config, loaded, rows: int, scored: int):
   """(update MB, log-prob pass MB) of the actor as `config` sets it up."""
   w = config.actor_train
   mesh = mesh_lib.make_mesh(w.strategy_args, w.device_mapping, "actor_train")
-  trainer = pipeline_lib.actor_trainer(config, loaded.config, mesh, 100)
+  trainer = learner_lib.actor_trainer(config, loaded.config, mesh, 100)
   t = config.sequence_length
   spec = lambda n, shape, dtype: jax.ShapeDtypeStruct((n,) + shape, dtype)
   batch = dict(input_ids=spec(rows, (t,), jnp.int32), segment_ids=spec(rows, (t,), jnp.int32),
@@ -51,9 +57,13 @@ def temp_mb(config, loaded, rows: int, scored: int):
 
 def main(argv):
   del argv
+  rows, scored = _ROWS.value, _SCORED.value
+  if _QUICK.value:
+    rows, scored = 16, 32
+    if cli.CONFIG.value is None:
+      flags.FLAGS["config"].parse(QUICK_CONFIG)
   config = cli.load_config()
   loaded = models.load_model(config.pretrain)
-  rows, scored = _ROWS.value, _SCORED.value
   ma, ta = config.actor_train.model_args, config.actor_train.training_args
   print(f"{config.exp_name}: {rows} rows x "
         f"{config.sequence_length} tokens, {loaded.config.num_params / 1e6:.2f}M params, "
@@ -72,6 +82,8 @@ def main(argv):
     print(f"{name:14} (block {block}, {per_device} rows x {accum}): update {mb[0]:8.0f} MB "
           f"({base[0] / mb[0]:5.2f}x)  log-probs ({rows // accum} rows) {mb[1]:7.0f} MB "
           f"({base[1] / mb[1]:5.2f}x)", flush=True)
+  print(f"as configured vs dense: log-probs temp memory {base[1] / mb[1]:.2f}x, update temp "
+        f"memory ratio {base[0] / mb[0]:.2f}x")
 
 
 if __name__ == "__main__":

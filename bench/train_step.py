@@ -2,6 +2,7 @@
 
     python bench/train_step.py [--model default|qwen2.5-0.5b] [--batch 16 --seq 256]
                                [--dp 1 --fsdp 1 --tp 1 --pp 1 --microbatches 1] [--dtype fp32]
+    python bench/train_step.py --quick    # `make bench`: default model, 4 x 64 tokens
 
 Baseline, same process: a large square matmul in the same dtype on the same
 devices gives the achievable peak FLOP/s. The train step (the policy-gradient loss
@@ -66,7 +67,11 @@ def main():
   p.add_argument("--iters", type=int, default=5)
   for axis in ("dp", "fsdp", "tp", "pp", "microbatches"):
     p.add_argument(f"--{axis}", type=int, default=1)
+  p.add_argument("--quick", action="store_true",
+                 help="default model, 4 x 64 tokens, 2 steps, a 1024^2 matmul (make bench)")
   args = p.parse_args()
+  if args.quick:
+    args.model, args.batch, args.seq, args.iters = "default", 4, 64, 2
 
   if args.model == "default":
     loaded = models.load_model(None)
@@ -100,12 +105,13 @@ def main():
   tokens = args.batch * args.seq
   flops_per_token = 6 * cfg.num_params + 12 * cfg.num_layers * args.seq * cfg.num_heads * cfg.head_dim
   achieved = flops_per_token * tokens / step_s
-  peak = matmul_peak(llm.DTYPES[args.dtype]) * len(devices)
+  peak = matmul_peak(llm.DTYPES[args.dtype], **(
+      dict(n=1024, min_seconds=0.2, repeats=1) if args.quick else {})) * len(devices)
   print(f"{devices[0].device_kind} x{len(devices)} mesh {dict(mesh.shape)} model {args.model} "
         f"({cfg.num_params / 1e6:.1f}M) {args.dtype} batch {args.batch}x{args.seq}: "
         f"{step_s * 1e3:.0f} ms/step, {tokens / step_s:.0f} tokens/s, "
         f"{achieved / 1e9:.1f} GFLOP/s vs matmul peak {peak / 1e9:.1f} GFLOP/s -> "
-        f"MFU {achieved / peak:.2f}")
+        f"MFU (achieved / peak): ratio {achieved / peak:.2f}x")
 
 
 if __name__ == "__main__":

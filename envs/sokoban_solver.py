@@ -1,4 +1,6 @@
-"""An independent BFS Sokoban solver (forward play with pushes), for the tests and bench."""
+"""An independent BFS Sokoban solver (forward play with pushes): a check of the
+reverse-play generator (tests/test_sokoban.py) and the rejection-sampling baseline of
+bench/sokoban_gen.py."""
 
 import collections
 

@@ -8,7 +8,7 @@ minute 30; GRPO on three seeds, GAE on one. Each case prints its curve.
 
 import pytest
 
-from bench import learning
+from rollx.curve import learning_curve
 from configs import frozenlake
 
 REACH_BY_MIN, REACH, HOLD_TO_MIN, HOLD = 20.0, 0.8, 30.0, 0.7
@@ -30,7 +30,7 @@ def test_frozenlake_learns_and_holds(estimator, seed, tmp_path):
     config.drop_zero_advantage_samples = False  # every sample has a gradient
     config.episode_reward_gamma = 1.0  # gae discounts with its own gamma
   _write_under(config, tmp_path)
-  curve = learning.learning_curve(config, HOLD_TO_MIN)
+  curve = learning_curve(config, HOLD_TO_MIN)
   reached = [m for m, _, v, _ in curve if v >= REACH]
   assert reached and reached[0] <= REACH_BY_MIN, f"never >= {REACH} by minute {REACH_BY_MIN}: {curve}"
   after = [v for m, _, v, _ in curve if m >= reached[0]]
@@ -48,7 +48,7 @@ def test_one_fixed_map_is_learned_in_minutes(tmp_path):
   config.custom_envs.FrozenLake.env_config.desc = ("FFFF", "FSFG", "FHFF", "FFFF")
   config.eval_steps, config.max_steps = 3, 100_000
   _write_under(config, tmp_path)
-  curve = learning.learning_curve(config, 6.0)
+  curve = learning_curve(config, 6.0)
   assert curve[0][3] <= 0.5 and max(t for _, _, _, t in curve) >= 0.8, curve
   assert curve[-1][3] >= curve[0][3] + 0.3 and curve[-1][2] == 1.0, curve
 
@@ -56,7 +56,7 @@ def test_one_fixed_map_is_learned_in_minutes(tmp_path):
 # SimpleSokoban: the issue asks for a curve that rises over 60 minutes (no threshold).
 # "Rises": greedy validation over the last 20 minutes averages at least twice what it
 # did over the first 10, and more than random valid moves solve (0.156 of the 128
-# validation levels within the 10-move limit; bench/sokoban_probe.py).
+# validation levels within the 10-move limit).
 SOKOBAN_MINUTES, SOKOBAN_RANDOM_MOVES = 60.0, 0.156
 
 
@@ -67,7 +67,7 @@ def test_simple_sokoban_rises_over_an_hour(seed, tmp_path):
   config = simple_sokoban.get_config()
   config.seed, config.max_steps = seed, 100_000
   _write_under(config, tmp_path)
-  curve = learning.learning_curve(config, SOKOBAN_MINUTES)
+  curve = learning_curve(config, SOKOBAN_MINUTES)
   first = [v for m, _, v, _ in curve if m <= 10.0]
   last = [v for m, _, v, _ in curve if m >= SOKOBAN_MINUTES - 20.0]
   mean_first, mean_last = sum(first) / len(first), sum(last) / len(last)

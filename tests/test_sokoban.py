@@ -4,7 +4,7 @@ import pytest
 
 import envs
 from envs import sokoban
-from tests import sokoban_solver
+from envs import sokoban_solver
 
 
 def test_500_simple_levels_are_solvable_within_search_depth_and_by_replay():
