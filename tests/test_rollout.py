@@ -30,7 +30,7 @@ from rollx.cluster import start_rollout
 from rollx.rollout.env_worker import manager_kwargs
 from rollx.rollout.render import save_episode_frames
 from rollx.rollout.scheduler import RolloutScheduler, env_layout, episode_metrics
-from rollx.rollout.types import Ticket, Trajectory, collate
+from rollx.rollout.types import Sample, Ticket, Trajectory, collate
 from rollx.serving.client import RolloutClient
 from tests.conftest import ROOT
 from tests.ray_utils import start_local_ray
@@ -415,6 +415,89 @@ def test_killing_an_env_worker_mid_collection_still_gives_a_full_unique_batch(
     assert len(batch) == 12
   finally:
     rollout.stop()
+
+
+@pytest.mark.parametrize("async_ratio", [0.0, 1.0])
+def test_killing_an_env_worker_between_batches_still_gives_full_unique_batches(
+    policy_dir, server, ray_cluster, async_ratio):
+  # its loops wait in the scheduler between sync batches (async: at the staleness bound)
+  config = make_config(policy_dir, num_env_groups=2, group_size=3, tags=("FrozenLake",),
+                       max_env_num_per_worker=3)
+  config.async_generation_ratio = async_ratio
+  config.rollout_batch_size = 6
+  rollout = start_rollout(config, "train_env_manager", [server.address])
+  try:
+    rollout.get_batch(6)
+    time.sleep(0.5)  # the loops are back waiting for tickets
+    victim = rollout.workers[0]
+    pid = ray.get(victim.pid.remote())
+    ray.kill(victim, no_restart=False)
+    deadline = time.time() + 120
+    while True:  # restarted by Ray, its loops waiting for tickets
+      try:
+        if ray.get(victim.pid.remote(), timeout=60) != pid:
+          break
+      except ray.exceptions.ActorUnavailableError:
+        pass
+      assert time.time() < deadline
+      time.sleep(0.5)
+    time.sleep(0.5)
+    seen = set()
+    for _ in range(2):
+      batch, _ = ray.get(rollout.scheduler.get_batch.remote(6), timeout=120)
+      keys = {(t.ticket.env_id, t.ticket.generation) for t in batch.trajectories}
+      assert len(batch) == 6 and len(keys) == 6 and not keys & seen
+      assert sorted(collections.Counter(batch.group_ids).values()) == [3, 3]
+      seen |= keys
+  finally:
+    rollout.stop()
+
+
+@pytest.mark.parametrize("async_ratio", [0.0, 1.0])
+def test_a_ticket_taken_by_a_dead_workers_waiting_call_reaches_its_restarted_worker(
+    policy_dir, async_ratio):
+  # An env's loop waits in next_ticket between batches; its worker dies and Ray restarts
+  # it, whose loop waits too. The dead incarnation's call is still queued in the
+  # scheduler and wakes first: the ticket it takes must reach the live loop.
+  config = make_config(policy_dir, num_env_groups=1, group_size=2, tags=("FrozenLake",))
+  config.async_generation_ratio = async_ratio
+  config.rollout_batch_size = 2
+
+  async def run():
+    scheduler = RolloutScheduler(config, "train_env_manager")
+
+    def episode(ticket):
+      sample = Sample(input_ids=[5, 6], response_mask=[0, 1], token_versions=[-1, 0],
+                      reward=0.0)
+      return Trajectory(ticket=ticket, samples=[sample], score=0.0, success=False,
+                        num_turns=1, num_invalid_actions=0, finish="terminated",
+                        start_version=0)
+
+    async def play(env_id):  # a loop that finishes whatever ticket it gets
+      ticket = await scheduler.next_ticket(env_id)
+      await scheduler.put(episode(ticket))
+      return ticket
+
+    first = asyncio.ensure_future(scheduler.get_batch(2))
+    await asyncio.gather(play(0), play(1))
+    await first
+    dead = asyncio.ensure_future(scheduler.next_ticket(0))  # the old incarnation's call
+    await asyncio.sleep(0.01)
+    live = asyncio.ensure_future(scheduler.next_ticket(0))  # the restarted worker's
+    other = asyncio.ensure_future(play(1))
+    batch = asyncio.ensure_future(scheduler.get_batch(2))
+    await asyncio.sleep(0.05)
+    assert dead.done()  # woke first and took the ticket, for nobody
+    ticket = await asyncio.wait_for(live, 5)
+    assert ticket == dead.result()
+    await scheduler.put(episode(ticket))
+    await other
+    got, _ = await asyncio.wait_for(batch, 5)
+    assert sorted((t.ticket.env_id, t.ticket.generation) for t in got.trajectories) == [
+        (0, 1), (1, 1)]
+    await scheduler.stop()
+
+  asyncio.run(run())
 
 
 def test_validation_rollout_saves_frames(policy_dir, server, ray_cluster, tmp_path):

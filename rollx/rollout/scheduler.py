@@ -137,17 +137,23 @@ class RolloutScheduler:
     if env_id not in self.slots:
       raise KeyError(f"env id {env_id} is not part of this env manager")
     async with self._changed:
-      if env_id in self._outstanding:  # a restarted worker or a failed env: same episode again
-        self.counters["reissued"] += 1
-        return self._outstanding[env_id]
-      await self._changed.wait_for(lambda: self._stopped or self._may_start(env_id))
+      # An outstanding ticket goes out again: to a restarted worker, a reset env, or a
+      # live loop whose dead predecessor's call was still waiting here and took it
+      # (looked for after every wake-up too, not only on entry, or that episode would
+      # never be played and its group never complete).
+      await self._changed.wait_for(lambda: self._stopped or env_id in self._outstanding
+                                   or self._may_start(env_id))
       if self._stopped:
         return None
+      if env_id in self._outstanding:
+        self.counters["reissued"] += 1
+        return self._outstanding[env_id]
       if self.async_ratio == 0:
         self._quota[env_id] -= 1
       ticket = self._outstanding[env_id] = self._new_ticket(env_id)
       if (ticket.group_id, ticket.generation) not in self._closed_keys:
         self._open_keys.add((ticket.group_id, ticket.generation))
+      self._changed.notify_all()  # another call waiting for this env takes it too
       return ticket
 
   async def put(self, trajectory: Trajectory) -> None:
