@@ -11,7 +11,7 @@ trained one, whose groups repeat more), then runs the step's learning phase
 minibatch updates with the trust region) on each batch with `merge_identical_samples`
 off (baseline) and on, rounds alternated, every call from the same saved actor state.
 The figure is the ratio baseline / merged time (> 1: merging is faster), with the
-fraction of distinct samples. Exactness is a test (tests/test_packing.py), not measured here.
+fraction of distinct samples. Exactness is a test (tests/trainer/test_packing.py), not measured here.
 """
 
 import os

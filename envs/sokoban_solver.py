@@ -1,5 +1,5 @@
 """An independent BFS Sokoban solver (forward play with pushes): a check of the
-reverse-play generator (tests/test_sokoban.py) and the rejection-sampling baseline of
+reverse-play generator (tests/envs/test_sokoban.py) and the rejection-sampling baseline of
 bench/sokoban_gen.py."""
 
 import collections

@@ -37,7 +37,7 @@
    bound is changed before the first request arrives.
 
 `apply()` is idempotent and must run before jetstream is imported by anything
-that executes a request. tests/test_serving.py fails if either patch stops being
+that executes a request. tests/serving/test_serving.py fails if either patch stops being
 needed (JAX regains `tree_map`, JetThread stops killing) or stops working.
 """
 

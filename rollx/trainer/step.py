@@ -158,7 +158,7 @@ class Trainer:
     gradient's size, and at lr 1e-3 one such update moved a 0.7M-parameter policy by
     several nats (every answer invalid at the next step, never recovered; measured on
     configs/frozenlake.py, seed 3, step 10). The KL along an update is not quadratic
-    beyond ~1e-3 (it grows about linearly, measured in tests/test_trust_region.py), so
+    beyond ~1e-3 (it grows about linearly, measured in tests/trainer/test_step.py), so
     the scale s comes from a line search: s <- s (max_kl - kl_before) / (KL(s) -
     kl_before), at most TRUST_REGION_EVALS forward passes, none when the full update is
     within the bound. A minibatch that starts beyond `max_kl` (drift from the step's

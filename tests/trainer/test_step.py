@@ -18,7 +18,7 @@ from rollx.algos import losses
 from rollx.models import logprobs
 from rollx.parallel import mesh as mesh_lib
 from rollx.trainer.step import Trainer
-from tests.test_sharding import CFG, MESHES, initial_params, make_batch, rel_err, worker
+from tests.parallel.test_sharding import CFG, MESHES, initial_params, make_batch, rel_err, worker
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

@@ -10,7 +10,7 @@ from rollx import checkpoint
 from rollx.parallel import mesh as mesh_lib
 from rollx.trainer.state import DecayTowardInitState, make_optimizer
 from rollx.trainer.step import Trainer
-from tests.test_sharding import CFG, initial_params, make_batch, policy_loss, worker
+from tests.parallel.test_sharding import CFG, initial_params, make_batch, policy_loss, worker
 
 LR, WD = 0.1, 0.5
 

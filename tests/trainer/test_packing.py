@@ -208,7 +208,7 @@ def test_a_minibatch_split_1_2_4_ways_gives_the_one_pass_loss_and_gradient(mode)
   from rollx.algos import losses
   from rollx.parallel import mesh as mesh_lib
   from rollx.trainer.step import Trainer
-  from tests.test_sharding import CFG, initial_params, make_batch, worker
+  from tests.parallel.test_sharding import CFG, initial_params, make_batch, worker
   jax.config.update("jax_default_matmul_precision", "highest")
   c = rollx_config.default_config()
   c.loss_agg_mode, c.use_kl_loss, c.kl_loss_coef, c.entropy_loss_coef = mode, True, 0.2, 0.01

@@ -22,7 +22,7 @@ from rollx.parallel import distributed
 
 # Not tests.conftest.ROOT: importing conftest would give the worker processes its
 # 8-device XLA_FLAGS.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # dp2_tp2_pp2: pipeline stages cross the process boundary (devices 0-3 are process
 # 0's, the pipeline axis is outermost), tensor and data shards stay inside a process;
