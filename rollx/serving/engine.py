@@ -277,10 +277,15 @@ class RollxEngine(engine_api.Engine):
     return self._versions[bisect.bisect_right(self._version_starts, step) - 1]
 
   def versions_of(self, first_step: Optional[int], num_tokens: int) -> List[int]:
-    """Policy version of each of a request's tokens (step t made token t - first_step)."""
+    """Policy version of each of a request's tokens: the weights whose logits it was
+    sampled from. Step t samples token t - first_step from the logits of the step
+    before (its decode step), except the first token, sampled from its prefill at
+    `first_step`: after a weight swap at step t, token t still comes from the old
+    weights."""
     if first_step is None or num_tokens == 0:
       return []
-    return [self.version_at(t) for t in range(first_step, first_step + num_tokens)]
+    return [self.version_at(first_step)] + [
+        self.version_at(t - 1) for t in range(first_step + 1, first_step + num_tokens)]
 
   def sampled_logprob_stats(self) -> Tuple[float, int]:
     """(sum of emitted tokens' log-probs, their count) since the engine started; kept on

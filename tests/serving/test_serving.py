@@ -459,3 +459,25 @@ def test_build_engine_takes_the_servers_attention_block():
   engine = server_lib.engine_from_config(config)
   assert engine.model.attention_block == 64
   assert server_lib.engine_from_config(config_lib.default_config()).model.attention_block == llm.ATTENTION_BLOCK
+
+
+def test_token_versions_name_the_weights_whose_logits_sampled_each_token():
+  # Weights swap before generate step 3: the token of step 3 is sampled from the logits
+  # step 2 computed, under the old weights; only step 4's token comes from the new ones.
+  import types
+  p0 = make_params(0)
+  engine = RollxEngine(MODEL, p0, max_concurrent_decodes=2, max_prefill_length=16,
+                       max_cache_length=64, sampling={"train": Sampling(0.0), "val": Sampling(0.0)})
+  prompt = [3, 1, 4, 1, 5]
+  prefix = engine.prefill(params=engine.params_holder, true_length=len(prompt),
+                          padded_tokens=np.pad(np.asarray(prompt, np.int32), (0, 11)))
+  prefix.request = request = types.SimpleNamespace(sampling=Sampling(0.0))
+  state = engine.insert(prefix, engine.init_decode_state(), 0)
+  tokens = []
+  for step in range(5):
+    if step == 3:
+      engine.update_params(make_params(1), 1)
+    state, result = engine.generate(engine.params_holder, state)
+    tokens.append(int(np.asarray(result.data)[0, 0]))
+  assert engine.versions_of(request.first_step, 5) == [0, 0, 0, 0, 1]
+  assert tokens[:4] == llm.greedy_generate(MODEL, p0, prompt, 4)
