@@ -547,3 +547,26 @@ def test_play_cli_with_the_local_model():
   assert 1 <= turns <= 2 and result.stdout.count("[response]") == turns, result.stdout
   assert f"----- turn {turns} -----" in result.stdout
   assert "ended: truncated" in result.stdout or "ended: terminated" in result.stdout
+
+
+@pytest.mark.parametrize("response", ["<answer>Ri", "<answer>Right</answer>"])
+def test_a_response_cut_off_without_eos_is_closed_by_the_continuation(response):
+  # the server stopped at max tokens: no EOS was generated, so the template's end of
+  # message comes from the continuation, and the whole sequence still reads as the
+  # chat template's rendering of the conversation
+  from rollx.models import DEFAULT_MODEL_DIR
+  tokenizer = hf.load_tokenizer(DEFAULT_MODEL_DIR)
+  b = prompts.PromptBuilder(tokenizer, "Reach G.")
+  first = b.first_prompt("P_G", 4)
+  cut = tokenizer.encode(response, add_special_tokens=False)
+  assert tokenizer.eos_token_id not in cut
+  ended = cut + [tokenizer.eos_token_id]
+  for generated in (cut, ended):
+    ids = first + generated + b.continuation("_PG", 2, 3, generated)
+    messages = [{"role": "system", "content": b.system},
+                {"role": "user", "content": b.turn_text("P_G", 1, 4)},
+                {"role": "assistant", "content": response},
+                {"role": "user", "content": b.turn_text("_PG", 2, 3)}]
+    want = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert tokenizer.decode(ids) == want
+    assert ids[:len(first) + len(generated)] == first + generated  # generated ids verbatim
