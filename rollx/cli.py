@@ -69,11 +69,6 @@ def load_config() -> ml_collections.ConfigDict:
     fail(str(e))
 
 
-def verbose() -> bool:
-  """Whether absl's --verbosity asks for INFO records (--verbosity=0 or more)."""
-  return flags.FLAGS["verbosity"].present and flags.FLAGS["verbosity"].value >= 0
-
-
 def quiet_console() -> None:
   """Keeps what the libraries say at INFO off the console (an entry point calls it after
   flag parsing, before Ray or JetStream are imported); --verbosity=0 brings it back.
@@ -84,13 +79,15 @@ def quiet_console() -> None:
     log_to_driver=False).
   - Ray's notice, at WARNING, that a new local cluster has token authentication on (its
     default; not a problem to act on): that one logger at ERROR.
-  - TensorFlow's native start-up records (jetstream -> seqio -> tensorflow):
-    rollx.serving.compat filters them while it imports JetStream.
-  Settings already in the environment are kept.
+  - What C++ code writes to stderr itself is filtered where it happens (rollx.console):
+    TensorFlow's start-up records (jetstream -> seqio -> tensorflow) while
+    rollx.serving.compat imports JetStream, Ray's notice about restartable actors'
+    constructor arguments while rollx.cluster starts the env workers.
+  RAY_LOGGER_LEVEL already in the environment is kept.
   """
-  if verbose():
-    return
-  logging.set_verbosity(logging.WARNING)
+  if flags.FLAGS["verbosity"].present and flags.FLAGS["verbosity"].value >= 0:
+    return  # (absl.app's default verbosity is INFO: only a given flag counts)
+  logging.set_verbosity(logging.WARNING)  # rollx.console's filters follow it
   os.environ.setdefault("RAY_LOGGER_LEVEL", "warning")
   std_logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
       std_logging.ERROR)

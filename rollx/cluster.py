@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import uuid
+import re
 from typing import List, Optional, Sequence, Tuple
 
 import ml_collections
 import ray
 
+from rollx import console
 from rollx.parallel import distributed
 from rollx.rollout.env_worker import EnvWorker
 from rollx.rollout.scheduler import RolloutScheduler, env_layout
@@ -142,15 +143,13 @@ class _SchedulerLink:
 
 
 class EnvWorkerActor(EnvWorker):
-  """An EnvWorker in a Ray actor: it looks the scheduler actor up by name and
+  """An EnvWorker in a Ray actor: it reaches the scheduler actor through its handle and
   starts its loops as soon as it is up, including after a restart by Ray."""
 
-  def __init__(self, config_dict: dict, manager: str, env_ids: Sequence[int],
-               scheduler_name: str, server_addresses: Sequence[str],
-               render_env_ids: Sequence[int] = ()):
+  def __init__(self, config_dict: dict, manager: str, env_ids: Sequence[int], scheduler,
+               server_addresses: Sequence[str], render_env_ids: Sequence[int] = ()):
     super().__init__(ml_collections.ConfigDict(config_dict), manager, env_ids,
-                     _SchedulerLink(ray.get_actor(scheduler_name)), server_addresses,
-                     render_env_ids)
+                     _SchedulerLink(scheduler), server_addresses, render_env_ids)
     ray.get_runtime_context().current_actor.start.remote()
 
   def pid(self) -> int:
@@ -164,6 +163,9 @@ class Rollout:
   scheduler: object
   workers: list
   env_ids_per_worker: List[List[int]]
+  # Restartable actors are re-created from their constructor arguments: the config
+  # is put in the object store once and pinned here for the actors' lifetime.
+  config_ref: object = None
 
   def get_batch(self, batch_size: int):
     # Multi-host: every JAX process trains on this batch; see FollowerRollout.
@@ -210,6 +212,11 @@ class FollowerRollout:
     pass
 
 
+_BY_REFERENCE_NOTICE = re.compile(
+    r"^\[[^\]]+\] core_worker\.cc:\d+: Actor with class name: '\w+' and ID: '\w+' has "
+    r"constructor arguments in the object store and max_restarts > 0")
+
+
 def start_rollout(config: ml_collections.ConfigDict, manager: str,
                   server_addresses: Sequence[str], render_env_ids: Sequence[int] = (),
                   stream: Optional[str] = None, resources: Optional[dict] = None) -> Rollout:
@@ -223,19 +230,19 @@ def start_rollout(config: ml_collections.ConfigDict, manager: str,
   per_worker = int(m.max_env_num_per_worker)
   chunks = [env_ids[i:i + per_worker] for i in range(0, len(env_ids), per_worker)]
   assert len(chunks) == math.ceil(len(env_ids) / per_worker)
-  scheduler_name = f"rollx-scheduler-{manager}-{uuid.uuid4().hex}"
-  scheduler = ray.remote(num_cpus=0)(RolloutScheduler).options(
-      max_concurrency=10000, name=scheduler_name).remote(config, manager, stream)
+  scheduler = ray.remote(num_cpus=0)(RolloutScheduler).options(max_concurrency=10000).remote(
+      config, manager, stream)
   if resources is None:
     resources = placement(config, "env_worker")
   worker_cls = ray.remote(num_cpus=0, max_restarts=-1, resources=resources)(EnvWorkerActor)
-  # Restartable actors are re-created from their constructor arguments, so these are
-  # plain values inside the creation task: the config (a few KB, under Ray's 100 KB
-  # inline limit) and the scheduler's name (a worker looks the actor up). An ObjectRef
-  # or an actor handle there could be gone by the time of a restart, and Ray says so
-  # on every start (ray-project/ray#53727).
-  config_dict = config.to_dict()
-  workers = [worker_cls.options(max_concurrency=10000).remote(
-      config_dict, manager, chunk, scheduler_name, list(server_addresses),
-      list(render_env_ids)) for chunk in chunks]
-  return Rollout(scheduler, workers, chunks)
+  # Restartable actors are re-created from their constructor arguments: the config
+  # is put in the object store once and pinned here for the actors' lifetime, and the
+  # scheduler's handle lives as long as the rollout. Ray's core worker logs that such
+  # arguments could be gone by a restart (ray-project/ray#53727), once per start, on
+  # stderr: that notice is dropped (rollx.console).
+  config_ref = ray.put(config.to_dict())
+  with console.native_stderr_filtered(_BY_REFERENCE_NOTICE):
+    workers = [worker_cls.options(max_concurrency=10000).remote(
+        config_ref, manager, chunk, scheduler, list(server_addresses), list(render_env_ids))
+        for chunk in chunks]
+  return Rollout(scheduler, workers, chunks, config_ref)

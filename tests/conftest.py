@@ -1,6 +1,8 @@
 import os
 import sys
 
+import pytest
+
 # Sharding is tested on 8 simulated CPU devices; this must precede any jax import.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
@@ -12,3 +14,13 @@ if ROOT not in sys.path:
 # Offline by construction: nothing may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+  """(output dir, CompletedProcess) of tests/test_pipeline.py's tiny 3-step
+  `python -m rollx.train` (checkpoints 2 and 3, the export), run once per session and
+  shared by the tests that check the run (test_pipeline), evaluate what it saved
+  (test_eval) and read its console (test_tracking)."""
+  from tests.test_pipeline import THREE_STEPS, train
+  return train(tmp_path_factory.mktemp("trained"), *THREE_STEPS)

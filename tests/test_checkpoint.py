@@ -15,7 +15,7 @@ from rollx import checkpoint
 from rollx.parallel import mesh as mesh_lib
 from rollx.trainer.step import Trainer
 from tests.conftest import ROOT
-from tests.test_sharding import CFG, initial_params, make_batch, policy_loss, worker
+from tests.parallel.test_sharding import CFG, initial_params, make_batch, policy_loss, worker
 
 
 def test_restore_is_bitwise_and_keeps_shardings(tmp_path):

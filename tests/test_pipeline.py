@@ -78,15 +78,21 @@ def tb_scalars(logs):
   return scalars
 
 
-def test_train_three_steps_end_to_end(tmp_path):
-  # dynamic sampling asked for more informative groups (3) than a batch's 2 groups can
-  # give: every step plays a second batch, and trains on both
-  # and the 16-row minibatch in 2 microbatches: the update accumulates gradients, the
-  # log-prob pass runs 8 rows at a time
-  out, result = train(tmp_path, "--config.max_steps=3", "--config.min_informative_groups=3",
-                      "--config.max_rollout_rounds=2",
-                      "--config.actor_train.training_args.per_device_train_batch_size=8",
-                      "--config.actor_train.training_args.gradient_accumulation_steps=2")
+# The 3-step run of test_train_three_steps_end_to_end, made once per session by the
+# `trained_run` fixture (tests/conftest.py): tests/test_eval.py evaluates its checkpoint
+# and export, tests/test_tracking.py reads its console.
+# Dynamic sampling asks for more informative groups (3) than a batch's 2 groups can
+# give: every step plays a second batch, and trains on both; and the 16-row minibatch
+# runs in 2 microbatches: the update accumulates gradients, the log-prob pass runs 8
+# rows at a time.
+THREE_STEPS = ("--config.max_steps=3", "--config.min_informative_groups=3",
+               "--config.max_rollout_rounds=2",
+               "--config.actor_train.training_args.per_device_train_batch_size=8",
+               "--config.actor_train.training_args.gradient_accumulation_steps=2")
+
+
+def test_train_three_steps_end_to_end(trained_run):
+  out, result = trained_run
   assert result.returncode == 0, result.stderr[-3000:]
   assert "step 3/3" in result.stdout
   # checkpoints at step 2 and at the end

@@ -224,7 +224,7 @@ def chain(tmp_path_factory):
 
 # -- console and TensorBoard ---------------------------------------------------------
 def _console_steps(text):
-  return [int(s) for s, n in re.findall(r"\] step (\d+)/(\d+) ", text) if int(n) == MAX_STEPS]
+  return [int(s) for s, n in re.findall(r"(?m)^step (\d+)/(\d+) ", text) if int(n) == MAX_STEPS]
 
 
 # -- tests ---------------------------------------------------------------------------

@@ -43,16 +43,14 @@ needed (JAX regains `tree_map`, JetThread stops killing) or stops working.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import re
-import sys
-import tempfile
 import threading
 import traceback
 
 import jax
+
+from rollx import console
 
 _APPLIED = False
 DEAD_THREADS: list = []  # (thread name, exception text), appended by the patched run
@@ -74,7 +72,7 @@ def apply() -> None:
       jax.tree_map = jax.tree.map
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
-    with _native_import_records_filtered():
+    with console.native_stderr_filtered(_IMPORT_NOISE):
       from jetstream.core import orchestrator
     root.setLevel(level)
     for h in root.handlers[:]:
@@ -110,32 +108,6 @@ _IMPORT_NOISE = re.compile(
     r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
     r"|To enable the following instructions: .* rebuild TensorFlow"
     r"|E\d{4} [\d:.]+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit)")
-
-
-@contextlib.contextmanager
-def _native_import_records_filtered():
-  """fd 2 into a temporary file for the `with` body; then its lines, less the import
-  records of `_IMPORT_NOISE`, back to stderr (fix 6)."""
-  from absl import logging as absl_logging
-  if absl_logging.get_verbosity() >= absl_logging.INFO:
-    yield
-    return
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as captured:
-    os.dup2(captured.fileno(), 2)
-    try:
-      yield
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-      captured.seek(0)
-      kept = [line for line in captured.read().decode(errors="replace").splitlines(True)
-              if not _IMPORT_NOISE.match(line)]
-      if kept:
-        sys.stderr.write("".join(kept))
-        sys.stderr.flush()
 
 
 def set_detokenize_depth(driver, depth: int) -> None:

@@ -1,0 +1,87 @@
+"""The console and the statistics it shows: tqdm's progress, one line per step and per
+validation, no library INFO records (tests/test_pipeline.py's run, shared), Wilson
+intervals and pass@k."""
+
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from rollx import tracking
+from tests.conftest import ROOT
+from tests.test_pipeline import train_env
+
+# What must not reach the console of a run: absl / TensorFlow native records (I or W,
+# then the date), Python logging's INFO records (absl's handler: "I1127 ..."; Ray's:
+# "... INFO worker.py:..."), TensorFlow's start-up notices, Ray's notices.
+LIBRARY_RECORDS = re.compile(
+    r"^[IW]\d{4} |\bINFO\b|All log messages before absl::InitializeLog|oneDNN|cuda drivers|"
+    r"cuInit|Started a local Ray instance|constructor arguments|Token authentication",
+    re.M)
+STEP_LINE = re.compile(r"^step (\d+)/3 \[\d\d:\d\d<\d\d:\d\d, +[\d.]+(s/step|step/s)\] "
+                       r"score=[-\d.]+ success=[\d.]+ ", re.M)
+VAL_LINE = re.compile(r"^val @ (\d+)/3 FrozenLake success=[\d.]+ \(95% CI [\d.]+-[\d.]+, "
+                      r"n=4\) score=[-\d.]+ invalid=[\d.]+$", re.M)
+
+
+def test_train_console_has_step_and_validation_lines_and_no_library_records(trained_run):
+  _, result = trained_run
+  assert result.returncode == 0, result.stderr[-3000:]
+  console = result.stdout + result.stderr
+  assert not LIBRARY_RECORDS.search(console), LIBRARY_RECORDS.search(console).group(0) + \
+      "\n" + console[-3000:]
+  assert [int(m.group(1)) for m in STEP_LINE.finditer(result.stdout)] == [1, 2, 3]
+  assert [int(m.group(1)) for m in VAL_LINE.finditer(result.stdout)] == [0, 2]  # eval_steps=2
+  # and nothing else: stdout is those 5 lines (no bar: stderr is not a terminal)
+  assert len([l for l in result.stdout.splitlines() if l.strip()]) == 5, result.stdout
+  assert not result.stderr.strip(), result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("verbosity,shown", [(None, False), ("0", True)])
+def test_tensorflow_import_records_are_filtered_unless_verbose(verbosity, shown):
+  # what rollx.serving.compat imports (jetstream -> seqio -> tensorflow); --verbosity=0
+  # (absl INFO) leaves TensorFlow's native start-up records as they are
+  code = ("import sys; from absl import flags, logging; flags.FLAGS(sys.argv); "
+          "from rollx.serving import compat; compat.apply(); print('applied')")
+  args = [sys.executable, "-c", code] + ([f"--verbosity={verbosity}"] if verbosity else [])
+  result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=train_env())
+  assert result.returncode == 0 and "applied" in result.stdout, result.stderr[-3000:]
+  assert bool(re.search(r"^I\d{4} .*\] ", result.stderr, re.M)) == shown, result.stderr
+
+
+def test_console_lines(capsys):
+  t = tracking.Tracker("/unused", max_steps=200, enabled=False)
+  t.start -= 10.0  # the run's first step took 10 s
+  t.console(4, {"score": 0.5, "success": 0.25, "val/FrozenLake/success": 0.75,
+                "val/FrozenLake/num_episodes": 128, "val/FrozenLake/score_mean": 0.6,
+                "val/FrozenLake/invalid_action_rate": 0.0, "tokens_per_s": 1000.0})
+  val, step = capsys.readouterr().out.splitlines()
+  low, high = tracking.wilson_interval(96, 128)
+  assert val == (f"val @ 4/200 FrozenLake success=0.750 (95% CI {low:.3f}-{high:.3f}, n=128) "
+                 "score=0.600 invalid=0.000")
+  # resumed at step 4: the rate and the ETA count this run's steps only (1 in 10 s)
+  assert step.startswith("step 5/200 [00:10<32:30, 10.00s/step] score=0.500 success=0.250 ")
+  assert step.endswith("tokens_per_s=1000.000")
+  t.close()
+
+
+def test_wilson_interval():
+  low, high = tracking.wilson_interval(15, 128)  # 0.117: 95% interval 0.072 - 0.184
+  assert (round(low, 3), round(high, 3)) == (0.072, 0.184)
+  assert tracking.wilson_interval(0, 10)[0] == 0.0 and tracking.wilson_interval(10, 10)[1] == 1.0
+  assert tracking.wilson_interval(0, 10)[1] > 0.2  # not degenerate at 0 successes
+  assert tracking.wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+  for n in range(1, 9):
+    for c in range(n + 1):
+      for k in range(1, n + 1):
+        exact = 1 - math.comb(n - c, k) / math.comb(n, k)
+        assert tracking.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+  assert tracking.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+  with pytest.raises(ValueError):
+    tracking.pass_at_k(2, 1, 3)
