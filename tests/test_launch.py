@@ -524,7 +524,7 @@ def test_local_ray_cluster_hosts_the_env_workers_of_a_training_run():
     placed = {}
     for cls, label in seen["actors"]:
       placed.setdefault(cls, []).append(label)
-    assert placed["EnvWorker"] == [["rollx_worker"]] * 2, seen
+    assert placed["EnvWorkerActor"] == [["rollx_worker"]] * 2, seen
     assert placed["ServerActor"] == [["rollx_head"]], seen
   finally:
     _kill_marked(marker.encode())

@@ -2,7 +2,7 @@
 
 Each process is started the way launch/node.sh starts one per host (ROLLX_*
 variables -> rollx.parallel.distributed.maybe_initialize), builds the same global
-mesh over all 8 devices, and runs the sharded Trainer step of tests/test_sharding.py;
+mesh over all 8 devices, and runs the sharded Trainer step of tests/parallel/test_sharding.py;
 process 0 gathers the results to host and pickles them for the test to compare
 with the single-process run at test_sharding's tolerances (float32, rel 1e-5).
 """
@@ -52,7 +52,7 @@ def _compute(mesh_kwargs, devices, params, batch):
   """test_sharding.run's train steps on this mesh, gathered with distributed.to_host."""
   from rollx.parallel import mesh as mesh_lib
   from rollx.trainer.step import Trainer
-  from tests import test_sharding as ts
+  from tests.parallel import test_sharding as ts
   w = ts.worker(**mesh_kwargs)
   mesh = mesh_lib.make_mesh(w.strategy_args, devices=devices)
   trainer = Trainer(ts.CFG, w, mesh, ts.LOSSES[HEAD], total_steps=10, head=HEAD)
@@ -103,7 +103,7 @@ def rel_err(a, b):
                                         pytest.param("fsdp4_tp2", marks=pytest.mark.slow)])
 def two_processes(request, tmp_path_factory):
   mesh_name = request.param
-  from tests import test_sharding as ts
+  from tests.parallel import test_sharding as ts
   tmp = tmp_path_factory.mktemp("multihost")
   inputs, out = str(tmp / "inputs.pkl"), str(tmp / "result")
   with open(inputs, "wb") as f:
@@ -131,7 +131,7 @@ def two_processes(request, tmp_path_factory):
 
 
 def test_two_processes_equal_one_process(two_processes):
-  from tests import test_sharding as ts
+  from tests.parallel import test_sharding as ts
   assert len(jax.devices()) == 8  # tests/conftest.py: 8 simulated CPU devices
   mesh_name = two_processes[0]["mesh"]
   want = _compute(MESHES[mesh_name], jax.devices(), ts.initial_params(HEAD), ts.make_batch())

@@ -4,7 +4,7 @@ Against an unconstrained Trainer on the same state and batch: an update within t
 bound is applied unchanged, one past it is scaled (its move is exactly `update_scale`
 times the unconstrained move) and lands near the bound, and a minibatch that starts
 beyond the bound does not move the params. float32, one device; and the same step on
-8 simulated devices (sharded meshes of tests/test_sharding.py) scales and lands as on one.
+8 simulated devices (sharded meshes of tests/parallel/test_sharding.py) scales and lands as on one.
 """
 
 import jax
