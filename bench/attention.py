@@ -4,7 +4,7 @@
     python bench/attention.py --quick    # `make bench`: T 512, blocks of 128, 2 rows
 
 Two programs of the shipped default model, each compiled twice: once with one dense
-softmax over all T x T scores (`attention_block=0`, the code before session 31) and
+softmax over all T x T scores (`attention_block=0`) and
 once with the queries in blocks (`llm.ATTENTION_BLOCK`):
 - prefill: a JetStream prefill call (`llm.prefill`) of `--rows` right-padded prompts
   of T tokens (the engine's `prefill_batch` rows);

@@ -1,6 +1,6 @@
 """Sharded training on 8 simulated CPU devices equals the single-device step.
 
-Meshes from the issue: (dp8), (fsdp4, tp2), (dp2, tp2, pp2), (tp2, pp4); policy and
+Meshes: (dp8), (fsdp4, tp2), (dp2, tp2, pp2), (tp2, pp4); policy and
 critic; loss, gradients and updated params at rel 1e-5 (float32); arrays carry the
 shardings the partition rules claim; the step compiles once.
 """

@@ -175,7 +175,7 @@ def test_think_warm_start_reads_the_neighbours_and_still_answers_at_random(monke
 def test_the_default_recipe_warm_starts_sokoban_on_boards_with_the_line():
   """The shipped recipe (`WARM_START_ENVS`): SimpleSokoban's boards end with the
   neighbour line, as the Sokoban configs show it; `sokoban_neighbours=False` (the
-  sessions 23-28 recipe) differs in that entry alone."""
+  earlier recipe) differs in that entry alone."""
   plain, lined = warm_start.warm_start_envs(sokoban_neighbours=False), warm_start.WARM_START_ENVS
   assert [e[0] for e in plain] == [e[0] for e in lined]
   assert plain[:2] == lined[:2]
