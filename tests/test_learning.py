@@ -1,7 +1,7 @@
 """Learning runs (slow: `make test-slow`): FrozenLake and SimpleSokoban from the
 warm-started default model.
 
-The bar of the training-loop issue, on a 2-core CPU: validation success (greedy, unseen
+The FrozenLake learning bar, on a 2-core CPU: validation success (greedy, unseen
 maps) >= 0.8 within 20 minutes of wall time, startup included, and >= 0.7 from then to
 minute 30; GRPO on three seeds, GAE on one. Each case prints its curve.
 """
