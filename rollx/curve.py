@@ -90,6 +90,7 @@ def plot(curves, path: str, title: str, minutes: float, refs=(), bar=0.8,
 def main(argv):
   del argv
   config = cli.load_config()
+  cli.quiet_console()  # as rollx.train: no library INFO records; --verbosity=0 shows them
   if FLAGS.seed is not None:
     config.seed = FLAGS.seed
   config.max_steps = 100_000  # the budget stops it
