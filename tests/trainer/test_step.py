@@ -14,7 +14,6 @@ import pytest
 
 from rollx import config as config_lib
 from rollx.algos import losses
-from rollx.algos import losses
 from rollx.models import logprobs
 from rollx.parallel import mesh as mesh_lib
 from rollx.trainer.step import Trainer
