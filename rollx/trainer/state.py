@@ -58,8 +58,8 @@ def decay_toward_init(weight_decay: float, mask) -> optax.GradientTransformation
   instead of zero ("L2 init", Kumar et al. 2023). An RL run from a warm start moved
   every matrix by ~50-90% of its norm in 30 minutes, and afterwards the network no
   longer learned from labels what the warm start still could (measured on
-  configs/frozenlake.py, docs/frozenlake_recipe.md); this pulls each weight back towards the warm start at rate
-  lr * weight_decay per update, in weight space, beside the KL terms that anchor the
+  configs/frozenlake.py, docs/frozenlake_recipe.md); this pulls each weight back
+  towards the warm start at rate lr * weight_decay per update, in weight space, beside the KL terms that anchor the
   policy's outputs. The centre is optimizer state (one more copy of the params,
   sharded like them): saved and restored with it, so a resumed run keeps the run's
   start as its centre, not the resume point.
@@ -86,17 +86,16 @@ def make_optimizer(training_args) -> optax.GradientTransformation:
   chain = []
   if float(training_args.max_grad_norm) > 0:
     chain.append(optax.clip_by_global_norm(float(training_args.max_grad_norm)))
-  schedule = 1.0
   adam = dict(b1=float(training_args.adam_beta1), b2=float(training_args.adam_beta2),
               eps=float(training_args.adam_eps))
   weight_decay = float(training_args.weight_decay)
   target = training_args.get("weight_decay_target", "zero")
   if target == "zero":
-    chain.append(optax.adamw(schedule, **adam, weight_decay=weight_decay, mask=_decay_mask))
+    chain.append(optax.adamw(1.0, **adam, weight_decay=weight_decay, mask=_decay_mask))
   elif target == "init":
     # optax.adamw's order (Adam scaling, decay, learning rate) with our decay centre
     chain += [optax.scale_by_adam(**adam), decay_toward_init(weight_decay, _decay_mask),
-              optax.scale_by_learning_rate(schedule)]
+              optax.scale_by_learning_rate(1.0)]
   else:
     raise ValueError(f"training_args.weight_decay_target {target!r} is not zero/init")
   return optax.chain(*chain)
