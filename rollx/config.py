@@ -24,6 +24,7 @@ import ml_collections
 from ml_collections import config_dict
 
 import envs
+from rollx.algos import correction
 from rollx.errors import ConfigError  # noqa: F401  (re-exported: config.ConfigError)
 from rollx.rollout import prompts
 from rollx.serving import PREFILL_BUCKETS
@@ -177,6 +178,12 @@ def default_config() -> ml_collections.ConfigDict:
       pg_clip_high=config_dict.placeholder(float),
       dual_clip_loss=False,
       dual_clip_ratio=3.0,  # dual-clip PPO's c (Ye et al. 2020): a negative A's loss <= -A c
+      # Importance weights for tokens sampled by another policy than actor_train's
+      # (async staleness, temperature, server numerics; rollx.algos.correction):
+      # auto | none | tis | mis | seq_tis | decoupled. auto = tis when async or the
+      # train temperature != 1, else none.
+      rollout_correction="auto",
+      rollout_correction_threshold=2.0,  # C: tis / seq_tis cap, mis band [1/C, C], decoupled cap
       value_clip=0.5,  # critic value clip; <= 0 disables
       init_kl_coef=0.0,  # KL-in-reward coefficient
       target_kl=config_dict.placeholder(float),  # adaptive KL controller target; None = fixed
@@ -396,6 +403,11 @@ def _ranges(c: _Checker, cfg):
     c.rule(cfg.train_env_manager.env_manager_type == "step", "adv_estimator",
            "gigpo's anchor states are env steps: it needs step-wise samples "
            "(train_env_manager.env_manager_type='step'); with trajectory-wise ones use grpo")
+  c.choice(cfg, "rollout_correction", "rollout_correction", correction.CHOICES)
+  if isinstance(cfg.rollout_correction_threshold, float):
+    c.rule(cfg.rollout_correction_threshold > 1, "rollout_correction_threshold",
+           f"must be > 1 (C caps weights at C; mis keeps [1/C, C]), got "
+           f"{cfg.rollout_correction_threshold}")
   if isinstance(cfg.dual_clip_ratio, float):
     c.rule(cfg.dual_clip_ratio > 1, "dual_clip_ratio",
            f"must be > 1 (the cap sits beyond the clip range), got {cfg.dual_clip_ratio}")

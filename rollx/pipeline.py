@@ -6,8 +6,9 @@
        drop_zero_advantage_samples the advantages come now (no model needed) and only
        samples with a policy gradient go on; dynamic sampling plays more episodes, up to
        max_rollout_rounds batches, while fewer than min_informative_groups carry one
-    4. learner: log-probs (old, reference), values (gae), advantages where not known
-       yet, critic update, actor update (PPO epochs over minibatches), KL controller
+    4. learner: log-probs (old, reference), values (gae), rollout correction against the
+       servers' behaviour log-probs, advantages where not known yet, critic update, actor
+       update (PPO epochs over minibatches), KL controller
     5. metrics (TensorBoard + console), transcripts every logging_steps, checkpoint
        every save_steps and at the end; the final policy exported as an HF directory
 
@@ -113,7 +114,8 @@ class AgenticPipeline:
     batch, rollout_metrics = self.train_rollout.get_batch(c.rollout_batch_size)
     metrics["time/rollout"] = time.time() - t
     metrics.update(rollout_metrics)
-    samples = {k: getattr(batch, k) for k in ("input_ids", "segment_ids", "response_mask")}
+    samples = {k: getattr(batch, k) for k in ("input_ids", "segment_ids", "response_mask",
+                                              "behaviour_logp", "token_versions")}
     if not c.drop_zero_advantage_samples:
       return batch, samples, None, None
     # Advantages before the model runs (no critic, no KL in the reward: config rules),

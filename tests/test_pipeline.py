@@ -104,6 +104,12 @@ def test_train_three_steps_end_to_end(trained_run):
   assert sorted(scalars["rollout/kept_samples"]) == [0, 1, 2]
   assert all(0 <= v <= 1 for v in scalars["rollout/kept_samples"].values())
   assert all(v < 0 for v in scalars["rollout/min_token_logp"].values())
+  # the servers' behaviour log-probs reached the learner through the env workers and the
+  # scheduler: sync, temperature 1, fp32 on both sides, the same weights -> they agree
+  # with the trainer's old log-probs (the correction resolves to none)
+  assert sorted(scalars["rollout_correction/mismatch_abs"]) == [0, 1, 2]
+  assert all(v < 1e-4 for v in scalars["rollout_correction/mismatch_abs"].values())
+  assert all(v == 0 for v in scalars["rollout_correction/version_lag_mean"].values())
   assert scalars["rollout/rounds"] == {0: 2.0, 1: 2.0, 2: 2.0}
   assert scalars["FrozenLake/num_episodes"] == {0: 32.0, 1: 32.0, 2: 32.0}
   assert all(0 <= v <= 4 for v in scalars["rollout/informative_groups"].values())

@@ -1,8 +1,8 @@
 """Policy, value, entropy and KL terms; token-level, masked, aggregated by `loss_agg_mode`.
 
 `actor_loss`, `critic_loss` and `update_kl` are the roles' loss functions in the form
-the Trainer takes: `loss(model, params, batch, rng) -> (loss, metrics)` (bind the
-config with functools.partial).
+the Trainer takes: `loss(model, params, batch, rng) -> (loss, metrics)` and
+`update_kl(model, params, batch)` (bind the config with functools.partial).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Dict, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from rollx.algos import correction
 from rollx.models import logprobs
 
 
@@ -31,16 +32,21 @@ def aggregate(loss_nt: jax.Array, mask_nt: jax.Array, mode: str) -> jax.Array:
 
 
 def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low: float, clip_high: float,
-                    dual_clip: Optional[float] = None, agg: str = "token-mean"
+                    dual_clip: Optional[float] = None, agg: str = "token-mean",
+                    token_weight: Optional[jax.Array] = None
                     ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
   """max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)); with dual clip, for A < 0 the
-  loss is also capped at -A * dual_clip (r beyond dual_clip stops pushing)."""
+  loss is also capped at -A * dual_clip (r beyond dual_clip stops pushing).
+  `token_weight`: each token's loss times it (rollout correction's importance weights,
+  rollx.algos.correction), the aggregate's denominator unchanged."""
   ratio = jnp.exp(logp - old_logp)
   unclipped = -advantages * ratio
   clipped = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
   loss = jnp.maximum(unclipped, clipped)
   if dual_clip is not None:
     loss = jnp.where(advantages < 0, jnp.minimum(loss, -advantages * dual_clip), loss)
+  if token_weight is not None:
+    loss = loss * jax.lax.stop_gradient(token_weight)
   m = mask.astype(jnp.float32)
   count = jnp.maximum(m.sum(), 1.0)
   metrics = {"clip_fraction": jnp.sum((clipped > unclipped) * m) / count,
@@ -105,15 +111,19 @@ def loss_weight(mode: str, batch) -> jax.Array:
 
 
 def actor_loss(config, model, params, batch, rng):
-  """PPO policy loss (clip, optional dual clip) - entropy bonus + KL loss (use_kl_loss)."""
+  """PPO policy loss (clip, optional dual clip; weighted by the rollout correction's
+  `is_weight` when the batch has it) - entropy bonus + KL loss (use_kl_loss). Log-probs
+  at the rollout's sampling temperature, like the old log-probs."""
   del rng
   logp, entropy = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"],
-                                            batch.get("score_index"))
+                                            batch.get("score_index"),
+                                            correction.sampling_temperature(config))
   mask, agg = batch["response_mask"], config.loss_agg_mode
   low = config.pg_clip_low if config.pg_clip_low is not None else config.pg_clip
   high = config.pg_clip_high if config.pg_clip_high is not None else config.pg_clip
   pg, metrics = ppo_policy_loss(logp, batch["old_logp"], batch["advantages"], mask, low, high,
-                                config.dual_clip_ratio if config.dual_clip_loss else None, agg)
+                                config.dual_clip_ratio if config.dual_clip_loss else None, agg,
+                                batch.get("is_weight"))
   ent = aggregate(entropy, mask, agg)
   loss = pg - config.entropy_loss_coef * ent
   if config.use_kl_loss:
@@ -124,10 +134,11 @@ def actor_loss(config, model, params, batch, rng):
   return loss, metrics
 
 
-def update_kl(model, params, batch):
+def update_kl(config, model, params, batch):
   """The trust region's distance: approx KL of the policy from the rollout policy."""
   logp, _ = logprobs.compute_logprobs(model, params, batch["input_ids"], batch["segment_ids"],
-                                      batch.get("score_index"))
+                                      batch.get("score_index"),
+                                      correction.sampling_temperature(config))
   return approx_kl(logp, batch["old_logp"], batch["response_mask"])
 
 

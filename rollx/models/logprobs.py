@@ -23,28 +23,32 @@ import jax.numpy as jnp
 from rollx.models import llm
 
 
-def _target_logp_and_entropy(logits_xv: jax.Array, targets_x: jax.Array):
-  """log p(target) and the entropy of each row of logits; fp32."""
-  logp_xv = jax.nn.log_softmax(logits_xv.astype(jnp.float32), axis=-1)
+def _target_logp_and_entropy(logits_xv: jax.Array, targets_x: jax.Array, temperature: float = 1.0):
+  """log p(target) and the entropy of each row of softmax(logits / temperature); fp32."""
+  logits_xv = logits_xv.astype(jnp.float32)
+  if temperature != 1.0:
+    logits_xv = logits_xv / temperature
+  logp_xv = jax.nn.log_softmax(logits_xv, axis=-1)
   logp_x = jnp.take_along_axis(logp_xv, targets_x[..., None], axis=-1)[..., 0]
   return logp_x, -jnp.sum(jnp.exp(logp_xv) * logp_xv, axis=-1)
 
 
-def logprobs_from_logits(logits_btv: jax.Array, input_ids_bt: jax.Array) -> Tuple[jax.Array, jax.Array]:
+def logprobs_from_logits(logits_btv: jax.Array, input_ids_bt: jax.Array,
+                         temperature: float = 1.0) -> Tuple[jax.Array, jax.Array]:
   """(logp_bt, entropy_bt) aligned to the scored token; fp32."""
-  logp, entropy = _target_logp_and_entropy(logits_btv[:, :-1], input_ids_bt[:, 1:])
+  logp, entropy = _target_logp_and_entropy(logits_btv[:, :-1], input_ids_bt[:, 1:], temperature)
   pad = ((0, 0), (1, 0))
   return jnp.pad(logp, pad), jnp.pad(entropy, pad)
 
 
-def _scored_logprobs(model, params, input_ids_bt, segment_ids_bt, score_bk):
+def _scored_logprobs(model, params, input_ids_bt, segment_ids_bt, score_bk, temperature):
   """logprobs_from_logits at the positions `score_bk` only (padding entries = T)."""
   b, t = input_ids_bt.shape
   # the logits at position p - 1 predict the token at p
   logits_bkv = llm.forward(model, params, input_ids_bt, segment_ids_bt,
                            gather_bk=jnp.clip(score_bk - 1, 0, t - 1))
   targets_bk = jnp.take_along_axis(input_ids_bt, jnp.minimum(score_bk, t - 1), axis=1)
-  logp_bk, entropy_bk = _target_logp_and_entropy(logits_bkv, targets_bk)
+  logp_bk, entropy_bk = _target_logp_and_entropy(logits_bkv, targets_bk, temperature)
   rows = jnp.arange(b)[:, None]
   scatter = lambda v_bk: jnp.zeros((b, t), jnp.float32).at[rows, score_bk].set(v_bk, mode="drop")
   return scatter(logp_bk), scatter(entropy_bk)
@@ -52,16 +56,21 @@ def _scored_logprobs(model, params, input_ids_bt, segment_ids_bt, score_bk):
 
 def compute_logprobs(model: llm.Transformer, params, input_ids_bt: jax.Array,
                      segment_ids_bt: Optional[jax.Array] = None,
-                     score_bk: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
+                     score_bk: Optional[jax.Array] = None, temperature: float = 1.0
+                     ) -> Tuple[jax.Array, jax.Array]:
   """Log-probs and entropies of `input_ids` under `params`; segment 0 = padding.
-  With `score_bk`, only at those positions (0 elsewhere)."""
+  With `score_bk`, only at those positions (0 elsewhere). `temperature`: of the
+  distribution the rollout sampled from, softmax(logits / temperature), over the whole
+  vocabulary (the servers' top-k / top-p truncation is not applied here: see
+  rollx.serving.engine.sample_tokens)."""
   if segment_ids_bt is None:
     segment_ids_bt = jnp.ones_like(input_ids_bt)
   if score_bk is None:
     logits = llm.forward(model, params, input_ids_bt, segment_ids_bt)
-    logp, entropy = logprobs_from_logits(logits, input_ids_bt)
+    logp, entropy = logprobs_from_logits(logits, input_ids_bt, temperature)
   else:
-    logp, entropy = _scored_logprobs(model, params, input_ids_bt, segment_ids_bt, score_bk)
+    logp, entropy = _scored_logprobs(model, params, input_ids_bt, segment_ids_bt, score_bk,
+                                     temperature)
   # A token opening a segment is not predicted by the previous segment's last token.
   same_segment = jnp.pad(segment_ids_bt[:, 1:] == segment_ids_bt[:, :-1], ((0, 0), (1, 0)))
   valid = same_segment & (segment_ids_bt != 0)

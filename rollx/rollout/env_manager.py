@@ -19,6 +19,7 @@ Two ways to cut a trajectory into training samples:
   Right and Up with Down), and the hole and wall lessons of one board reach its
   symmetric twins. The views are not the policy's own samples: their log-probs come
   from the trainer's pass like any row (so they count in the trust region's KL),
+  they carry no behaviour log-probs (rollout correction leaves them unweighted),
   and they add no episodes to the metrics. On FrozenLake they did not steady greedy
   validation (docs/frozenlake_recipe.md).
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
 
 import envs
@@ -46,6 +48,7 @@ class PromptTooLongError(ValueError):
 # Errors no re-run of the episode can fix: the loop reports them and stops.
 FATAL_ERRORS = ("NoServerAliveError", "InvalidRequestError", "PromptTooLongError")
 
+NAN = math.nan
 GenerateFn = Callable[..., Awaitable[Any]]  # (request_id, prompt_ids, max_tokens, *, trajectory_id, mode)
 
 
@@ -113,6 +116,7 @@ class EnvManager:
     ids: List[int] = []
     mask: List[int] = []
     versions: List[int] = []
+    behaviour: List[float] = []  # per id: the server's sampling log-prob (NaN: none)
     samples: List[Sample] = []
     history: List[Dict[str, Any]] = []
     views: Dict[str, List[Sample]] = {v: [] for v in self.symmetric_views}
@@ -124,7 +128,7 @@ class EnvManager:
       turn += 1
       if self.step_wise:
         prompt = b.step_prompt(obs, turn, env.actions_left, history, self.history_length)
-        ids, mask, versions = [], [], []
+        ids, mask, versions, behaviour = [], [], [], []
       budget = min(self.max_tokens, self.sequence_length - len(ids) - len(prompt))
       if budget < 1 or len(ids) + len(prompt) > self.max_prompt_length:
         if turn == 1:
@@ -138,12 +142,15 @@ class EnvManager:
       ids += prompt
       mask += [0] * len(prompt)
       versions += [-1] * len(prompt)
+      behaviour += [NAN] * len(prompt)
       gen = await self.generate(self._request_id(ticket, turn), list(ids), budget,
                                 trajectory_id=traj_key, mode=self.mode)
       response = list(gen.token_ids)
       ids += response
       mask += [1] * len(response)
       versions += list(gen.token_versions) or [gen.policy_version] * len(response)
+      logp = list(getattr(gen, "behaviour_logp", None) or ())
+      behaviour += logp if len(logp) == len(response) else [NAN] * len(response)
       text = self.tokenizer.decode(response, skip_special_tokens=True)
       acted_on, actions_left = obs, env.actions_left
       if hasattr(env, "astep"):  # envs that wait on I/O (tools, web) step asynchronously
@@ -161,7 +168,8 @@ class EnvManager:
         frames.append(env.render("rgb_array"))
       if self.step_wise:
         samples.append(Sample(list(ids), list(mask), list(versions), float(reward),
-                              step_index=turn - 1, anchor=prompts.observation_hash(acted_on)))
+                              step_index=turn - 1, anchor=prompts.observation_hash(acted_on),
+                              behaviour_logp=list(behaviour)))
         for view in self.symmetric_views:
           views[view].append(self._view_sample(
               view, acted_on, info["action"], text, response, gen, turn, view_history[view],
@@ -174,7 +182,7 @@ class EnvManager:
       if not self.step_wise:
         prompt = b.continuation(obs, turn + 1, env.actions_left, response)
     if not self.step_wise and mask:
-      samples = [Sample(ids, mask, versions, float(score))]
+      samples = [Sample(ids, mask, versions, float(score), behaviour_logp=behaviour)]
     response_versions = [v for s in samples for v, m in zip(s.token_versions, s.response_mask)
                          if m and v >= 0]
     return Trajectory(

@@ -4,7 +4,7 @@ trainer consumes. Defined once, used from the env managers to the train step."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -29,6 +29,9 @@ class Sample:
   reward: float  # trajectory: episode score; step-wise: this step's env reward
   step_index: int = 0  # step-wise: index of the env step in its episode
   anchor: str = ""  # step-wise: hash of the observation acted on (GiGPO anchor state)
+  # per input id: the log-prob the server sampled it with (rollx.serving.engine.sample_tokens);
+  # NaN on prompt/template ids and where unknown (None: unknown everywhere)
+  behaviour_logp: Optional[List[float]] = None
 
 
 @dataclasses.dataclass
@@ -60,6 +63,7 @@ class RolloutBatch:
   segment_ids: np.ndarray  # [N, T] int32: 1 on tokens, 0 on padding
   response_mask: np.ndarray  # [N, T] float32
   token_versions: np.ndarray  # [N, T] int32
+  behaviour_logp: np.ndarray  # [N, T] float32, NaN where unknown (see Sample)
   rewards: np.ndarray  # [N] float32 (episode score, or step reward for step-wise)
   episode_scores: np.ndarray  # [N] float32
   group_ids: np.ndarray  # [N] int32: one id per (group, generation)
@@ -96,6 +100,7 @@ def collate(trajectories: Sequence[Trajectory], sequence_length: int,
   seg = np.zeros((n, width), np.int32)
   mask = np.zeros((n, width), np.float32)
   vers = np.full((n, width), -1, np.int32)
+  behaviour = np.full((n, width), np.nan, np.float32)
   groups: Dict[Any, int] = {}
   episodes: Dict[int, int] = {}  # numbered in order of first row
   for i, (t, s) in enumerate(rows):
@@ -104,11 +109,14 @@ def collate(trajectories: Sequence[Trajectory], sequence_length: int,
     k = len(s.input_ids)
     ids[i, :k], seg[i, :k] = s.input_ids, 1
     mask[i, :k], vers[i, :k] = s.response_mask, s.token_versions
+    if s.behaviour_logp is not None:
+      behaviour[i, :k] = s.behaviour_logp
     groups.setdefault(group_key(t), len(groups))
     episodes.setdefault(episode_of_row[i], len(episodes))
   responses = lambda s: [v for v, m in zip(s.token_versions, s.response_mask) if m]
   return RolloutBatch(
       input_ids=ids, segment_ids=seg, response_mask=mask, token_versions=vers,
+      behaviour_logp=behaviour,
       rewards=np.array([s.reward for _, s in rows], np.float32),
       episode_scores=np.array([t.score for t, _ in rows], np.float32),
       group_ids=np.array([groups[group_key(t)] for t, _ in rows], np.int32),

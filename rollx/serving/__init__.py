@@ -9,6 +9,9 @@ SAMPLING_KEY = "rollx-sampling"  # request: "train" | "val"
 REQUEST_ID_KEY = "rollx-request-id"  # request: for logs
 VERSIONS_KEY = "rollx-policy-versions"  # trailing: one weights version per token
 PREFILL_VERSION_KEY = "rollx-prefill-version"  # trailing: version that prefilled the prompt
+# trailing, binary (gRPC's -bin suffix): float32 little-endian, one behaviour log-prob per
+# token, bit-exact (text would round them)
+BEHAVIOUR_LOGP_KEY = "rollx-behaviour-logp-bin"
 
 # Prompt lengths a server pads to (JetStream's padding buckets): powers of two.
 PREFILL_BUCKETS = tuple(2**i for i in range(4, 16))

@@ -2,7 +2,7 @@
 
     client = RolloutClient(["127.0.0.1:9000", "127.0.0.1:9001"], weight_targets=servers)
     gen = await client.generate("traj7/turn2", prompt_ids, max_tokens=64, trajectory_id="traj7")
-    gen.token_ids, gen.policy_version
+    gen.token_ids, gen.policy_version, gen.behaviour_logp
 
 Routing: a trajectory's turns go to the server that served its first turn (sticky:
 the turns share a prefix, and one server sees one policy version sequence);
@@ -23,12 +23,14 @@ import time
 from typing import Any, List, Optional, Sequence
 
 import grpc
+import numpy as np
 
 # Only JetStream's generated proto modules: env workers import the client, and the
 # orchestrator (with seqio and TensorFlow behind it) costs seconds per process.
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 
-from rollx.serving import PREFILL_VERSION_KEY, REQUEST_ID_KEY, SAMPLING_KEY, VERSIONS_KEY
+from rollx.serving import (BEHAVIOUR_LOGP_KEY, PREFILL_VERSION_KEY, REQUEST_ID_KEY,
+                           SAMPLING_KEY, VERSIONS_KEY)
 
 MAX_STICKY = 65536  # far more than the trajectories in flight at once
 # Failures that mean "this server is gone or broken", as opposed to "this request is bad".
@@ -51,6 +53,9 @@ class Generation:
   policy_version: int  # the oldest weights that touched the response (prefill included)
   token_versions: List[int]  # version per generated token
   server: str
+  # per generated token: its log-prob under the distribution the server sampled it from
+  # (temperature, top-k / top-p applied); empty when the generator does not know it
+  behaviour_logp: List[float] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -167,7 +172,9 @@ class RolloutClient:
       versions = [int(v) for v in trailing.get(VERSIONS_KEY, "").split(",") if v]
       prefill = trailing.get(PREFILL_VERSION_KEY)
       candidates = versions + ([int(prefill)] if prefill not in (None, "None") else [])
-      return Generation(tokens, min(candidates) if candidates else -1, versions, server.address)
+      logp = np.frombuffer(trailing.get(BEHAVIOUR_LOGP_KEY, b""), "<f4").tolist()
+      return Generation(tokens, min(candidates) if candidates else -1, versions, server.address,
+                        logp)
     raise NoServerAliveError(f"request {request_id} failed {self.max_attempts} times; servers: "
                              + "; ".join(f"{s.address} ({'alive' if s.alive else s.last_error})"
                                          for s in self._servers))

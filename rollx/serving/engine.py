@@ -33,12 +33,15 @@ arrays, is what they hold; `update_params` swaps its contents under a lock and
 every prefill/generate call reads the current (version, params) pair once. A
 swap therefore lands between two generate steps, never inside one. The engine
 records the version used by each generate step, so a response can report the
-version of every token it contains.
+version of every token it contains, and keeps each step's behaviour log-probs (the
+log-prob of every sampled token under the distribution it was drawn from), which the
+learner's rollout correction compares with its own.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import threading
 from typing import Any, List, Optional, Sequence, Tuple
@@ -56,6 +59,11 @@ compat.apply()
 from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2  # noqa: E402
 
 from rollx.serving import PREFILL_BUCKETS  # noqa: E402
+
+# Generate steps kept beyond the longest possible request (max_cache_length steps) for
+# `behaviour_logp_of`: the gRPC side reads a request's steps after it completes, which
+# can lag the generate loop by the detokenize backlog and a busy event loop.
+HISTORY_SLACK = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +167,12 @@ class TokenIdsTokenizer(tokenizer_api.Tokenizer):
 def sample_tokens(logits_sv, temperature_s, top_p_s, top_k_s, rng):
   """Per-slot temperature / top-k / top-p sampling; temperature 0 = argmax.
 
-  Returns (tokens, log-prob of each token under the unmodified model distribution).
+  Returns (tokens, behaviour log-probs): the log-prob of each token under the
+  distribution it was drawn from, i.e. softmax(logits / T) truncated to the top-k / top-p
+  set and renormalised (0 under greedy decoding, a point mass). The trainer's log-prob
+  pass computes log softmax(logits / T) over the whole vocabulary: the two agree exactly
+  when top-k / top-p are off, and the difference under truncation is the behaviour
+  side's business (rollout correction reweights by it).
   """
   v = logits_sv.shape[-1]
   greedy = temperature_s <= 0
@@ -182,8 +195,8 @@ def sample_tokens(logits_sv, temperature_s, top_p_s, top_k_s, rng):
   masked = jax.lax.cond(needs_filter, filtered, lambda: scaled)
   sampled = jax.random.categorical(rng, masked, axis=-1)
   tokens = jnp.where(greedy, jnp.argmax(logits_sv, axis=-1), sampled).astype(jnp.int32)
-  logp = jnp.take_along_axis(jax.nn.log_softmax(logits_sv, axis=-1), tokens[:, None], axis=-1)[:, 0]
-  return tokens, logp
+  logp = jnp.take_along_axis(jax.nn.log_softmax(masked, axis=-1), tokens[:, None], axis=-1)[:, 0]
+  return tokens, jnp.where(greedy, 0.0, logp)
 
 
 class RollxEngine(engine_api.Engine):
@@ -216,6 +229,12 @@ class RollxEngine(engine_api.Engine):
     self.num_steps = 0
     self._version_starts: List[int] = []
     self._versions: List[int] = []
+    # Every recent generate step's output (device arrays; the detokenize thread's host
+    # copy is cached on them): a request's behaviour log-probs are read from them by slot
+    # and step when it completes, so they cost no extra transfer per step.
+    self._history: "collections.deque" = collections.deque(
+        maxlen=self.max_cache_length + HISTORY_SLACK)
+    self._history_lock = threading.Lock()
     stop = jnp.asarray(self.stop_token_ids or (-1,), jnp.int32)
 
     def prefill_into_slots(params, state: SlotState, tokens_nt, true_length_n, slot_n, temp_n,
@@ -244,7 +263,9 @@ class RollxEngine(engine_api.Engine):
           state, cache=cache, logits=logits.astype(jnp.float32),
           pos=jnp.minimum(state.pos + 1, self.max_cache_length - 1), lengths=lengths,
           done=done, rng=rng)
-      data = jnp.stack([tokens, valid.astype(jnp.int32), lengths], axis=1)
+      # column 3: the behaviour log-prob's float32 bits (JetStream reads columns 0-2)
+      data = jnp.stack([tokens, valid.astype(jnp.int32), lengths,
+                        jax.lax.bitcast_convert_type(logp.astype(jnp.float32), jnp.int32)], axis=1)
       # Emitted tokens' log-probs (slots without a live request included: the
       # detokenizer, not the engine, knows which slots are live).
       stats = jnp.stack([jnp.sum(jnp.where(valid, logp, 0.0)), jnp.sum(valid).astype(jnp.float32)])
@@ -287,8 +308,24 @@ class RollxEngine(engine_api.Engine):
     return [self.version_at(first_step)] + [
         self.version_at(t - 1) for t in range(first_step + 1, first_step + num_tokens)]
 
+  def behaviour_logp_of(self, slot: Optional[int], first_step: Optional[int],
+                        num_tokens: int) -> np.ndarray:
+    """[num_tokens] float32: the behaviour log-prob of each token of the request that
+    held `slot` from generate step `first_step` (token i was sampled at step
+    first_step + i). Raises LookupError if those steps are no longer kept."""
+    if first_step is None or num_tokens == 0:
+      return np.zeros((0,), np.float32)
+    with self._history_lock:
+      start = self.num_steps - len(self._history)
+      if first_step < start or first_step + num_tokens > self.num_steps:
+        raise LookupError(f"generate steps {first_step}..{first_step + num_tokens - 1} are not "
+                          f"kept (steps {start}..{self.num_steps - 1} are)")
+      steps = [self._history[t - start] for t in range(first_step, first_step + num_tokens)]
+    bits = np.array([np.asarray(d)[slot, 3] for d in steps], np.int32)
+    return bits.view(np.float32)
+
   def sampled_logprob_stats(self) -> Tuple[float, int]:
-    """(sum of emitted tokens' log-probs, their count) since the engine started; kept on
+    """(sum of emitted tokens' behaviour log-probs, their count) since the engine started; kept on
     device and added asynchronously, so reading it is the only host sync."""
     totals = np.asarray(self._logp_totals)
     return float(totals[0]), int(totals[1])
@@ -308,7 +345,7 @@ class RollxEngine(engine_api.Engine):
       # The engine's own step count, not the orchestrator loop's `generate_timestep`,
       # which restarts at 0 when compat restarts a generate loop: the next generate
       # step prefills this request and makes its first token.
-      request.first_step = self.num_steps
+      request.first_step, request.slot = self.num_steps, int(slot)
     self._staged.append(_Staged(int(slot), prefix, sampling))
     return decode_state
 
@@ -360,7 +397,9 @@ class RollxEngine(engine_api.Engine):
     if not self._versions or self._versions[-1] != version:
       self._version_starts.append(self.num_steps)
       self._versions.append(version)
-    self.num_steps += 1
+    with self._history_lock:
+      self._history.append(data)
+      self.num_steps += 1
     return decode_state, engine_api.ResultTokens(
         data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3), samples_per_slot=1)
 

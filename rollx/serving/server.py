@@ -13,7 +13,9 @@ What rollx adds around JetStream 0.2.2 (whose Decode has no fields for these):
   (`train`: actor_infer.generating_args; `val`: validation sampling; default train),
   so train and validation requests share one batch;
 - the policy version of every returned token, in the trailing metadata
-  `rollx-policy-versions` (comma-separated, one per token);
+  `rollx-policy-versions` (comma-separated, one per token), and its behaviour
+  log-prob (the log-prob under the distribution it was sampled from) in
+  `rollx-behaviour-logp-bin` (float32 bytes);
 - `update_params(params, version, abort_in_flight)`: the weights are swapped
   between two generate steps, the port stays open and HealthCheck keeps answering.
   With `abort_in_flight`, requests running at the swap end with gRPC ABORTED
@@ -38,8 +40,8 @@ from rollx import models
 from rollx.errors import ConfigError
 from rollx.models import hf
 from rollx.parallel import mesh as mesh_lib
-from rollx.serving import (PREFILL_VERSION_KEY, REQUEST_ID_KEY, SAMPLING_KEY, VERSIONS_KEY,
-                           compat)
+from rollx.serving import (BEHAVIOUR_LOGP_KEY, PREFILL_VERSION_KEY, REQUEST_ID_KEY,
+                           SAMPLING_KEY, VERSIONS_KEY, compat)
 from rollx.serving.engine import RollxEngine, Sampling
 
 compat.apply()
@@ -63,6 +65,7 @@ class RollxRequest(orchestrator.ActiveRequest):
   sampling: Optional[Sampling] = None
   prefill_version: Optional[int] = None
   first_step: Optional[int] = None  # the engine's generate step that makes its first token
+  slot: Optional[int] = None  # the decode slot that generates it
   aborted: bool = False
 
   def __setattr__(self, name, value):
@@ -179,9 +182,15 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
           stream_content=jetstream_pb2.DecodeResponse.StreamContent(
               samples=[jetstream_pb2.DecodeResponse.StreamContent.Sample(token_ids=ids)]))
     versions = self._engine.versions_of(active.first_step, num_tokens)
+    try:
+      logp = self._engine.behaviour_logp_of(active.slot, active.first_step, num_tokens)
+    except LookupError as e:  # far behind the generate loop: the client resubmits
+      logging.error("request %s: %s", active.request_id, e)
+      await context.abort(grpc.StatusCode.ABORTED, f"behaviour log-probs lost: {e}")
     context.set_trailing_metadata((
         (VERSIONS_KEY, ",".join(map(str, versions))),
         (PREFILL_VERSION_KEY, str(active.prefill_version)),
+        (BEHAVIOUR_LOGP_KEY, logp.astype("<f4").tobytes()),
     ))
     if active.aborted:
       await context.abort(grpc.StatusCode.ABORTED,

@@ -5,7 +5,8 @@
     params = learner.host_params()                   # what weight sync pushes to the servers
 
 `learn` runs, on a step's training samples: sequence packing (and merging of equal
-samples), the old / reference log-prob passes and the critic's values, the advantages
+samples), the old / reference log-prob passes and the critic's values, the rollout
+correction's importance weights against the servers' behaviour log-probs, the advantages
 where they were not known before the model ran, the critic update (gae) and the actor's
 PPO epochs, and the adaptive KL controller. Roles: actor_train and critic are Trainers
 (sharded jit steps) on meshes from their strategy_args; the reference is a frozen copy
@@ -24,7 +25,7 @@ import ml_collections
 import numpy as np
 
 from rollx import models
-from rollx.algos import advantages as adv_lib, kl as kl_lib, losses
+from rollx.algos import advantages as adv_lib, correction, kl as kl_lib, losses
 from rollx.models import hf
 from rollx.parallel import distributed, mesh as mesh_lib
 from rollx.rollout.types import RolloutBatch
@@ -47,11 +48,12 @@ def actor_trainer(config: ml_collections.ConfigDict, model_config, mesh, total_u
                   ) -> Trainer:
   """The actor_train role's Trainer: the PPO loss and, with `max_update_kl`, the
   per-update trust region (also what bench/step_memory.py compiles)."""
-  trust_region = ((losses.update_kl, config.max_update_kl)
+  trust_region = ((functools.partial(losses.update_kl, config), config.max_update_kl)
                   if config.max_update_kl is not None else None)
   return Trainer(model_config, config.actor_train, mesh, functools.partial(losses.actor_loss, config),
                  total_updates, trust_region=trust_region,
-                 weight_fn=functools.partial(losses.loss_weight, config.loss_agg_mode))
+                 weight_fn=functools.partial(losses.loss_weight, config.loss_agg_mode),
+                 temperature=correction.sampling_temperature(config))
 
 
 class Learner:
@@ -84,7 +86,8 @@ class Learner:
       else:
         ref_mesh = mesh_lib.make_mesh(ref.strategy_args, ref.device_mapping, "reference")
         self.reference = Trainer(policy.config, ref, ref_mesh, loss_fn=None, total_steps=1,
-                                 role="reference")
+                                 role="reference",
+                                 temperature=correction.sampling_temperature(c))
       self.ref_params = jax.device_put(host_params, self.reference.param_shardings)
     self.critic = self.critic_state = None
     if self.use_critic:
@@ -97,6 +100,7 @@ class Learner:
       self.critic_state = self.critic.init_state(hf.critic_params_from_policy(host_params))
     self.kl_ctrl = kl_lib.from_config(c)
     self.rng = jax.random.PRNGKey(c.seed)
+    self.correction = correction.resolve(c)
 
   # -- weights and checkpoints -----------------------------------------------------------
   def host_params(self):
@@ -158,6 +162,24 @@ class Learner:
         metrics.append(jax.device_get(m))
     return state, {k: float(np.mean([m[k] for m in metrics])) for k in metrics[0]}
 
+  def _correct(self, samples: Dict[str, np.ndarray], packing, arrays: Dict[str, np.ndarray],
+               step: int, metrics: Dict[str, float]) -> None:
+    """The rollout correction (rollx.algos.correction): the importance weights of the
+    actor's loss, packed into `arrays["is_weight"]` unless the mode is none, and the
+    train/infer mismatch metrics, from the samples' behaviour log-probs (if any)."""
+    behaviour = samples.get("behaviour_logp")
+    if behaviour is None:
+      return
+    old = packing.unpack(arrays["old_logp"])
+    mask = samples["response_mask"]
+    weights, raw, changed = correction.importance_weights(
+        self.correction, old, behaviour, mask, self.config.rollout_correction_threshold)
+    versions = samples.get("token_versions", np.full(mask.shape, step, np.int32))
+    metrics.update(correction.mismatch_metrics(old, behaviour, mask, versions, step, raw,
+                                               changed))
+    if self.correction != "none":
+      arrays["is_weight"] = packing.pack(weights)
+
   def learn(self, batch: RolloutBatch, samples: Dict[str, np.ndarray],
             adv: Optional[np.ndarray], returns: Optional[np.ndarray], step: int,
             metrics: Dict[str, float]) -> None:
@@ -174,7 +196,10 @@ class Learner:
       unmerged = packing_lib.plan(lengths, c.sequence_length, self.minibatch,
                                   granule=self.granule)
       min_minibatches = unmerged.num_rows // unmerged.minibatch_rows
-      samples, adv, returns, merged = packing_lib.merge_samples(samples, adv, returns)
+      samples, adv, returns, merged = packing_lib.merge_samples(
+          samples, adv, returns,
+          also_equal="behaviour_logp" if self.correction != "none" and "behaviour_logp" in samples
+          else None)
       metrics["packing/distinct_samples"] = float(len(merged.index) / len(lengths))
     # Packed rows for everything that runs the model; the unpacked [N, T] view for
     # the per-sample advantage computation (rollx.trainer.packing).
@@ -212,6 +237,7 @@ class Learner:
     # sampling at T=1 (measured from step 0); far below, the server samples off-policy
     response = arrays["response_mask"] > 0
     metrics["rollout/min_token_logp"] = float(arrays["old_logp"][response].min(initial=0.0))
+    self._correct(samples, packing, arrays, step, metrics)
     if adv is None:
       per_sample = {k: packing.unpack(arrays[k]) for k in ("old_logp", "ref_logp", "old_values")
                     if k in arrays}
@@ -229,7 +255,8 @@ class Learner:
     if step >= c.critic_warmup:
       keys = ("input_ids", "segment_ids", "response_mask", "old_logp", "advantages") + (
           ("ref_logp",) if c.use_kl_loss else ()) + (
-          ("score_index",) if score_index is not None else ())
+          ("score_index",) if score_index is not None else ()) + (
+          ("is_weight",) if "is_weight" in arrays else ())
       self.actor_state, m = self._update(self.actor, self.actor_state, arrays, keys, rows, step)
       metrics.update({f"actor/{k}": v for k, v in m.items()})
     metrics["time/train"] = time.time() - t

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -115,8 +116,11 @@ class Merged:
 
 
 def merge_identical(input_ids_nt: np.ndarray, lengths_n: np.ndarray,
-                    response_mask_nt: np.ndarray, adv_nt: np.ndarray) -> Merged:
-  """One sample per distinct (tokens, response mask, sign of each token's advantage).
+                    response_mask_nt: np.ndarray, adv_nt: np.ndarray,
+                    also_equal_nt: Optional[np.ndarray] = None) -> Merged:
+  """One sample per distinct (tokens, response mask, sign of each token's advantage,
+  and `also_equal_nt`'s row when given: e.g. the behaviour log-probs, whose importance
+  weights scale each copy's loss, so only copies with equal weights may merge).
 
   Step-wise samples repeat: the 8 episodes of a group start on one map, so their first
   prompts are equal, and once the policy is fairly sure most of a group walks the same
@@ -137,7 +141,8 @@ def merge_identical(input_ids_nt: np.ndarray, lengths_n: np.ndarray,
   for i in range(n):
     k = lengths_n[i]
     key = (input_ids_nt[i, :k].tobytes(), (response_mask_nt[i, :k] > 0).tobytes(),
-           sign_nt[i, :k].tobytes())
+           sign_nt[i, :k].tobytes(),
+           b"" if also_equal_nt is None else also_equal_nt[i, :k].tobytes())
     group_n[i] = key_of.setdefault(key, len(key_of))
     if group_n[i] == len(first):
       first.append(i)
@@ -149,12 +154,15 @@ def merge_identical(input_ids_nt: np.ndarray, lengths_n: np.ndarray,
   return Merged(index, weight, (adv_sum / weight[:, None]).astype(adv_nt.dtype))
 
 
-def merge_samples(samples: dict, adv_nt: np.ndarray, returns_nt: np.ndarray):
+def merge_samples(samples: dict, adv_nt: np.ndarray, returns_nt: np.ndarray,
+                  also_equal: Optional[str] = None):
   """`merge_identical` applied to a step's [N, T] training samples (input_ids,
-  segment_ids, response_mask, ...): (samples with each merged one's response mask
-  scaled by its count, their advantages, their returns, the Merged record)."""
+  segment_ids, response_mask, ...; `also_equal` names one more that copies must share):
+  (samples with each merged one's response mask scaled by its count, their advantages,
+  their returns, the Merged record)."""
   lengths = samples["segment_ids"].sum(axis=1)
-  merged = merge_identical(samples["input_ids"], lengths, samples["response_mask"], adv_nt)
+  merged = merge_identical(samples["input_ids"], lengths, samples["response_mask"], adv_nt,
+                           None if also_equal is None else samples[also_equal])
   out = {k: v[merged.index] for k, v in samples.items()}
   out["response_mask"] = out["response_mask"] * merged.weight[:, None]
   return out, merged.advantages, returns_nt[merged.index], merged

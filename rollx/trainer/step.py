@@ -44,10 +44,14 @@ class Trainer:
   def __init__(self, model_config: llm.ModelConfig, worker, mesh: Mesh, loss_fn: LossFn,
                total_steps: int, head: str = "lm", role: str = "actor_train",
                trust_region: Optional[Tuple[KLFn, float]] = None,
-               weight_fn: Optional[Callable[[Batch], jax.Array]] = None):
+               weight_fn: Optional[Callable[[Batch], jax.Array]] = None,
+               temperature: float = 1.0):
     partition.check_model_fits(model_config, mesh, role)
     self.mesh, self.role, self.loss_fn, self.head = mesh, role, loss_fn, head
     self.trust_region = trust_region
+    # compute_logprobs scores softmax(logits / temperature): the rollout's sampling
+    # distribution, so that old log-probs and the behaviour's are comparable
+    self.temperature = float(temperature)
     # A microbatch's share of the minibatch's loss: its loss's denominator (tokens for
     # token-mean, sequences for the seq-mean modes), so that any split into
     # microbatches gives the one-pass loss and gradient. None: equal shares.
@@ -197,7 +201,8 @@ class Trainer:
 
   def _logprobs(self, params, batch: Batch):
     return logprobs.compute_logprobs(self.model, params, batch["input_ids"],
-                                     batch.get("segment_ids"), batch.get("score_index"))
+                                     batch.get("segment_ids"), batch.get("score_index"),
+                                     self.temperature)
 
   def _values(self, params, batch: Batch):
     return logprobs.compute_values(self.model, params, batch["input_ids"], batch.get("segment_ids"))

@@ -7,6 +7,8 @@ beyond the bound does not move the params. float32, one device; and the same ste
 8 simulated devices (sharded meshes of tests/parallel/test_sharding.py) scales and lands as on one.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +31,8 @@ def pg_loss(model, params, batch, rng):
       "approx_kl": losses.approx_kl(logp, batch["old_logp"], m)}
 
 
-update_kl = losses.update_kl  # the KL the learner gives the actor's trust region
+# the KL the learner gives the actor's trust region
+update_kl = functools.partial(losses.update_kl, config_lib.default_config())
 
 
 def trainer(max_kl=None, grad_accum=1):
