@@ -2,6 +2,7 @@
 
     python bench/serve.py [--requests 256 --max-new-tokens 32 --slots 64]
     python bench/serve.py --workload rollout [--chains 128 --turns 5]
+    python bench/serve.py --workload multiturn [--chains 64 --turns 10]
     python bench/serve.py --quick    # `make bench`: rollout shape, 16 chains x 2 turns, depth 1
 
 Same model (the shipped default, or --pretrain DIR), same machine, one process:
@@ -23,6 +24,14 @@ rate here is the per-request path (queueing, prefill, one short answer), not the
 decode step. `--depths 8,1` (its default) runs the rollx server once per
 `detokenize_depth` (JetStream's 8, rollx's 1), alternating `--repeats` times, and
 prints the ratio of the last depth to the first.
+
+`--workload multiturn` is a trajectory-wise conversation (ROLL's FrozenLake / Sokoban
+layout): each of `--chains` conversations starts with a prompt of instructions and a
+board, and every turn adds the 5-token answer and the next observation; every turn
+sends the whole conversation so far. The same workload runs on two fresh servers in
+this process, KV reuse across turns on and off (`reuse_kv`), for a FrozenLake shape
+(128-token start, 40 tokens a turn) and a Sokoban one (200, 90): prefill tokens per
+turn, generated tokens/s, wall time, and the ratio of the times (off / on).
 """
 
 import argparse
@@ -50,9 +59,9 @@ def main():
   p.add_argument("--requests", type=int, default=256)
   p.add_argument("--max-new-tokens", type=int, default=32)
   p.add_argument("--slots", type=int, default=64)
-  p.add_argument("--workload", choices=("decode", "rollout"), default="decode")
-  p.add_argument("--chains", type=int, default=128)
-  p.add_argument("--turns", type=int, default=5)
+  p.add_argument("--workload", choices=("decode", "rollout", "multiturn"), default="decode")
+  p.add_argument("--chains", type=int, default=None, help="default 128 (rollout), 64 (multiturn)")
+  p.add_argument("--turns", type=int, default=None, help="default 5 (rollout), 10 (multiturn)")
   p.add_argument("--depths", default=None,
                  help="comma-separated detokenize depths (default: 8,1 for rollout, 1 otherwise)")
   p.add_argument("--repeats", type=int, default=2)
@@ -61,7 +70,12 @@ def main():
   args = p.parse_args()
   if args.quick:
     args.workload, args.chains, args.turns, args.slots, args.depths = "rollout", 16, 2, 16, "1"
+  multi = args.workload == "multiturn"
+  args.chains = args.chains or (64 if multi else 128)
+  args.turns = args.turns or (10 if multi else 5)
   loaded = models.load_model(args.pretrain)
+  if args.workload == "multiturn":
+    return multiturn(loaded, args)
   rng = np.random.default_rng(0)
   vocab = loaded.config.vocab_size
   if args.workload == "rollout":
@@ -161,6 +175,67 @@ def main():
   if len(depths) > 1:
     print(f"detokenize depth {depths[-1]} vs {depths[0]} (best of {args.repeats} each, "
           f"alternated): ratio {min(times[depths[0]]) / rollx_s:.2f}x requests/s")
+
+
+# (name, first prompt tokens, observation tokens per turn): trajectory-wise FrozenLake 4x4
+# and Sokoban 6x6 conversations of the default tokenizer, rounded
+SHAPES = (("FrozenLake", 128, 40), ("Sokoban", 200, 90))
+
+
+def multiturn(loaded, args):
+  """KV reuse across turns on vs off on the same conversations (see the module doc)."""
+  n_new, turns, chains_n = 5, args.turns, args.chains
+  vocab = loaded.config.vocab_size
+  device = jax.devices()[0]
+  ratios = []
+  for name, first, per_turn in SHAPES:
+    rng = np.random.default_rng(0)
+    starts = [rng.integers(3, vocab, first).tolist() for _ in range(chains_n)]
+    observations = [[rng.integers(3, vocab, per_turn).tolist() for _ in range(turns)]
+                    for _ in range(chains_n)]
+    longest = first + turns * (per_turn + n_new)
+    bucket = PREFILL_BUCKETS[np.searchsorted(PREFILL_BUCKETS, longest)]
+
+    def run(reuse):
+      engine = RollxEngine(loaded.model, loaded.params, max_concurrent_decodes=args.slots,
+                           max_prefill_length=bucket, max_cache_length=bucket + n_new,
+                           sampling={"train": Sampling(0.0), "val": Sampling(0.0)},
+                           reuse_kv=reuse)
+      engine.warmup([b for b in PREFILL_BUCKETS if b <= bucket])  # compiles are not timed
+      server = RolloutServer(engine)
+
+      async def chain(client, i):
+        ids, made = list(starts[i]), 0
+        for t in range(turns):
+          gen = await client.generate(f"c{i}t{t}", ids, n_new, trajectory_id=f"c{i}")
+          made += len(gen.token_ids)
+          ids += gen.token_ids + observations[i][t]
+        return made
+
+      async def all_chains():
+        client = RolloutClient([server.address])
+        made = await asyncio.gather(*(chain(client, i) for i in range(chains_n)))
+        await client.close()
+        return sum(made)
+
+      start = time.perf_counter()
+      made = asyncio.run(all_chains())
+      seconds = time.perf_counter() - start
+      stats = server.stats()
+      server.stop()
+      assert made == chains_n * turns * n_new
+      return seconds, stats["prefilled_tokens"] / (chains_n * turns), made
+
+    off, off_prefill, made = run(False)
+    on, on_prefill, _ = run(True)
+    ratios.append(off / on)
+    print(f"{device.device_kind}: {name} conversations, {chains_n} x {turns} turns "
+          f"({first}-token start, {per_turn} tokens a turn, {n_new}-token answers), "
+          f"{args.slots} slots: prefill tokens per turn {off_prefill:.0f} -> {on_prefill:.0f}, "
+          f"{made / off:.0f} -> {made / on:.0f} generated tok/s, {off:.1f} s -> {on:.1f} s "
+          f"per batch, ratio {off / on:.2f}x")
+  print(f"KV reuse across turns on vs off, {', '.join(n for n, _, _ in SHAPES)}: "
+        f"ratio {min(ratios):.2f}x (the smaller)")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,19 @@
 """All of rollx's Ray wiring: the local cluster, and the actors of every role.
 
     owns_ray = init_ray(config)                        # a local Ray, or join config.ray_address
-    servers, addresses = start_servers(config)         # actor_infer: JetStream servers
-    rollout = start_rollout(config, "train_env_manager", addresses)   # scheduler + env workers
+    servers = start_servers(config)                    # actor_infer: JetStream servers
+    rollout = start_rollout(config, "train_env_manager", servers.addresses)  # scheduler + env workers
     batch, metrics = rollout.get_batch(config.rollout_batch_size)
     rollout.set_version(step)                          # after each weight sync
-    rollout.stop(); stop_servers(servers); shutdown_ray(owns_ray)
+    rollout.stop(); servers.stop(); shutdown_ray(owns_ray)
 
 Env workers are CPU-only async actors, each hosting up to `max_env_num_per_worker`
 env managers whose rollout loops run as asyncio tasks (a slow env holds up nobody).
 The workers talk to the scheduler actor (tickets, trajectories) and to the servers
 (gRPC) directly. A worker that dies is restarted by Ray (`max_restarts=-1`); its new
 incarnation asks the scheduler for tickets and gets its envs' unfinished episodes back.
-Servers receive weights through the Ray object store (RolloutClient.update_params).
+Servers receive weights through the Ray object store (ServerGroup.update_params); a
+server that dies is restarted by Ray at its address, with the latest weights.
 Placement: `config.ray_resources` names the node label each kind of actor needs.
 In a multi-host JAX run only process 0 starts actors; the others follow (see
 FollowerRollout) and receive the same batches.
@@ -23,12 +24,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import ml_collections
 import ray
 
 from rollx import console
+from rollx.errors import RolloutError
 from rollx.parallel import distributed
 from rollx.rollout.env_worker import EnvWorker
 from rollx.rollout.scheduler import RolloutScheduler, env_layout
@@ -67,14 +69,51 @@ def placement(config: ml_collections.ConfigDict, role: str) -> dict:
 # -- actor_infer -----------------------------------------------------------------------
 
 
+class ServerBoard:
+  """What a restarted server needs to pick up where its predecessor stopped: the address
+  clients know it by and the latest weights (version, [object ref]; the ref in a list
+  so that it is held here, not resolved)."""
+
+  def __init__(self):
+    self.addresses: dict = {}
+    self.weights = None
+
+  def publish(self, version: int, params_ref: list) -> None:
+    self.weights = (int(version), params_ref)
+
+  def restore(self, index: int):
+    return self.addresses.get(index), self.weights
+
+  def register(self, index: int, address: str) -> None:
+    self.addresses[index] = address
+
+
 class ServerActor:
   """A rollout server inside a Ray actor. Weights arrive as (numpy) params through the
-  object store and are swapped between generate steps (see RolloutServer.update_params)."""
+  object store and are swapped between generate steps (see RolloutServer.update_params).
 
-  def __init__(self, config_dict: dict, host: str | None = "127.0.0.1", port: int = 0):
+  Restarts: Ray re-runs this constructor when the process dies (max_restarts). The new
+  server binds the address of the one it replaces (the env workers' clients know only
+  that one; a restart that lands on another node is unreachable, and the clients' wait
+  for it ends in a RolloutError) and starts from the latest weights on the board, so
+  its first token already carries the current policy version."""
+
+  def __init__(self, config_dict: dict, index: int = 0, board=None,
+               host: str | None = "127.0.0.1", port: int = 0):
     if host is None:  # in a cluster: this node's address, which env workers elsewhere can reach
       host = ray.util.get_node_ip_address()
-    self.server = server_lib.server_from_config(ml_collections.ConfigDict(config_dict), host, port)
+    params, version = None, 0
+    if board is not None:
+      previous, weights = ray.get(board.restore.remote(index))
+      if previous is not None:
+        port = int(previous.rsplit(":", 1)[1])
+      if weights is not None:
+        version, (ref,) = weights
+        params = ray.get(ref)
+    self.server = server_lib.server_from_config(ml_collections.ConfigDict(config_dict), host, port,
+                                                params=params, version=version)
+    if board is not None:
+      ray.get(board.register.remote(index, self.server.address))
 
   def address(self) -> str:
     return self.server.address
@@ -91,33 +130,67 @@ class ServerActor:
   def stop(self) -> None:
     self.server.stop()
 
+  def pid(self) -> int:
+    import os
+    return os.getpid()
+
+
+@dataclasses.dataclass
+class ServerGroup:
+  """A run's rollout servers: their actors, addresses, and the board restarts read."""
+  actors: list
+  addresses: List[str]
+  board: object = None
+
+  def update_params(self, params, version: int, abort_in_flight: bool = False) -> None:
+    """Weight sync: the params go into the object store once, onto the board (so that a
+    server restarted from now on starts from them), then to every server. A push to a
+    server that is restarting waits for its restart (the actor retries the call)."""
+    if not self.actors:  # multi-host followers: process 0 pushes
+      return
+    ref = ray.put(params)
+    ray.get(self.board.publish.remote(version, [ref]))
+    ray.get([a.update_params.remote(ref, version, abort_in_flight) for a in self.actors])
+
+  def versions(self) -> List[int]:
+    return ray.get([a.version.remote() for a in self.actors])
+
+  def stop(self) -> None:
+    for actor in self.actors:
+      ray.kill(actor, no_restart=True)
+    if self.board is not None:
+      ray.kill(self.board)
+
 
 def start_servers(config: ml_collections.ConfigDict, num_servers: Optional[int] = None,
-                  host: str | None = None, resources: dict | None = None
-                  ) -> Tuple[list, List[str]]:
-  """`num_servers` ServerActors (default: actor_infer.strategy_args.num_servers);
-  returns (actor handles, their addresses).
+                  host: str | None = None, resources: dict | None = None) -> ServerGroup:
+  """`num_servers` ServerActors (default: actor_infer.strategy_args.num_servers), each
+  restarted by Ray up to strategy_args.max_restarts times.
 
   By default they run on the nodes labelled config.ray_resources.server and bind
   127.0.0.1, or, when joining a cluster (config.ray_address), their node's IP. In a
-  multi-host JAX run only process 0 starts them (the others get no handles, so their
+  multi-host JAX run only process 0 starts them (the others get no actors, so their
   weight pushes are no-ops, and the same addresses)."""
   if not distributed.is_coordinator():
     # Multi-host JAX: process 0 owns the servers; the others only learn where they are.
-    return [], distributed.broadcast_object(None)
-  n = num_servers or config.actor_infer.strategy_args.num_servers
+    return ServerGroup([], distributed.broadcast_object(None))
+  s = config.actor_infer.strategy_args
+  n = num_servers or s.num_servers
   if host is None and not config.get("ray_address"):
     host = "127.0.0.1"
   if resources is None:
     resources = placement(config, "server")
-  actor_cls = ray.remote(num_cpus=0, resources=resources)(ServerActor)
-  actors = [actor_cls.remote(config.to_dict(), host) for _ in range(n)]
-  return actors, distributed.broadcast_object(ray.get([a.address.remote() for a in actors]))
+  board = ray.remote(num_cpus=0)(ServerBoard).remote()
+  actor_cls = ray.remote(num_cpus=0, resources=resources, max_restarts=s.max_restarts,
+                         max_task_retries=-1 if s.max_restarts else 0)(ServerActor)
+  actors = [actor_cls.remote(config.to_dict(), i, board, host) for i in range(n)]
+  addresses = ray.get([a.address.remote() for a in actors])
+  return ServerGroup(actors, distributed.broadcast_object(addresses), board)
 
 
-def stop_servers(actors) -> None:
-  for actor in actors:
-    ray.kill(actor)
+def stop_servers(servers: Optional[ServerGroup]) -> None:
+  if servers is not None:
+    servers.stop()
 
 
 # -- env workers and the scheduler ---------------------------------------------------------
@@ -168,8 +241,14 @@ class Rollout:
   config_ref: object = None
 
   def get_batch(self, batch_size: int):
+    try:
+      batch = ray.get(self.scheduler.get_batch.remote(batch_size))
+    except ray.exceptions.RayTaskError as e:
+      if isinstance(e.cause, RolloutError):  # the message, not Ray's traceback around it
+        raise RolloutError(str(e.cause)) from None
+      raise
     # Multi-host: every JAX process trains on this batch; see FollowerRollout.
-    return distributed.broadcast_object(ray.get(self.scheduler.get_batch.remote(batch_size)))
+    return distributed.broadcast_object(batch)
 
   def set_version(self, version: int) -> None:
     ray.get(self.scheduler.set_version.remote(version))

@@ -46,7 +46,8 @@ ROLE_MODEL_TYPES = {"actor_train": "causal_lm", "actor_infer": "causal_lm",
 ROLE_STRATEGIES = {"actor_train": "jax", "actor_infer": "jetstream", "reference": "jax",
                    "critic": "jax"}
 _SERVER_KEYS = ("max_concurrent_decodes", "max_prefill_length", "max_cache_length",
-                "num_servers", "detokenize_depth")
+                "num_servers", "detokenize_depth", "max_restarts", "restart_timeout_s",
+                "reuse_kv")
 # Keys of a role's block that the role never reads: setting one to anything but its
 # default is an error naming the key (a setting that silently did nothing would mislead).
 INERT_KEYS = {
@@ -121,6 +122,15 @@ def _worker(role: str, *, learning_rate: float, **extra) -> ml_collections.Confi
           # generate steps a server may run ahead of returning their tokens (JetStream's
           # own is 8); 1 answers short agentic requests sooner (rollx.serving.server)
           detokenize_depth=1,
+          # A trajectory's next turn prefills only its new ids onto the keys/values its
+          # previous turn left in the server (checked id by id; dropped when the weights
+          # change or the slot is reused): rollx.serving.engine
+          reuse_kv=True,
+          # A server that dies is restarted by Ray (this many times per server; -1 = no
+          # limit) and gets the current weights before it serves; requests wait up to
+          # restart_timeout_s for one to come back when none is alive.
+          max_restarts=3,
+          restart_timeout_s=300.0,
       ),
       device_mapping=config_dict.placeholder(tuple),  # device ids; None = all devices
       **extra,
@@ -480,6 +490,12 @@ def _workers(c: _Checker, cfg):
     for key in ("num_microbatches", "max_concurrent_decodes", "num_servers", "detokenize_depth"):
       if _is_int(s[key]):
         c.rule(s[key] >= 1, f"{role}.strategy_args.{key}", f"must be >= 1, got {s[key]}")
+    if _is_int(s.max_restarts):
+      c.rule(s.max_restarts >= -1, f"{role}.strategy_args.max_restarts",
+             f"must be >= 0 or -1 (no limit), got {s.max_restarts}")
+    if isinstance(s.restart_timeout_s, float):
+      c.rule(s.restart_timeout_s >= 0, f"{role}.strategy_args.restart_timeout_s",
+             f"must be >= 0, got {s.restart_timeout_s}")
     if _is_int(s.max_prefill_length):
       c.rule(s.max_prefill_length in PREFILL_BUCKETS, f"{role}.strategy_args.max_prefill_length",
              f"must be a power of two in [16, 32768] (JetStream's buckets), got "

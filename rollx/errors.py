@@ -1,6 +1,7 @@
-"""The error every layer raises for a bad setting: it names the config key.
+"""The errors that end a run with one line: a bad setting (ConfigError, naming the config
+key) and a rollout that cannot go on (RolloutError, naming the env and the server).
 
-Lower layers (mesh, partition rules, the engine) raise it without importing the
+Lower layers (mesh, partition rules, the engine) raise them without importing the
 config module, which sits above them.
 """
 
@@ -19,3 +20,9 @@ class ConfigError(ValueError):
   @property
   def key(self) -> str:
     return self.errors[0][0]
+
+
+class RolloutError(RuntimeError):
+  """The rollout cannot go on (every server down past its restart timeout, a prompt
+  that never fits, a request the servers reject): get_batch raises it; the message
+  names the env and the cause."""

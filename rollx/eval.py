@@ -190,12 +190,12 @@ def play(config: ml_collections.ConfigDict, params, version: int, episodes: int)
   trajectories, in level order."""
   from rollx import cluster
   from rollx.serving.client import RolloutClient
-  servers, rollout = [], None
+  servers, rollout = None, None
   try:
-    servers, addresses = cluster.start_servers(config)
+    servers = cluster.start_servers(config)
     if params is not None:
-      RolloutClient(addresses, weight_targets=servers).update_params(params, version)
-    rollout = cluster.start_rollout(config, "val_env_manager", addresses, stream="val")
+      RolloutClient(servers.addresses, weight_targets=[servers]).update_params(params, version)
+    rollout = cluster.start_rollout(config, "val_env_manager", servers.addresses, stream="val")
     rollout.set_version(version if params is not None else 0)
     batch, _ = rollout.get_batch(episodes)
   finally:

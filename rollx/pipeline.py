@@ -29,6 +29,7 @@ import numpy as np
 
 from rollx import checkpoint, cluster, config as rollx_config, models
 from rollx.algos import advantages as adv_lib
+from rollx.errors import RolloutError
 from rollx.models import hf
 from rollx.rollout.render import save_episode_frames
 from rollx.rollout.scheduler import episode_metrics
@@ -49,8 +50,9 @@ class AgenticPipeline:
     self.tokenizer = hf.load_tokenizer(policy.model_dir)
     self.learner = Learner(c, policy)
     self.step = 0
-    self.server_actors, addresses = cluster.start_servers(c)
-    self.client = RolloutClient(addresses, weight_targets=self.server_actors)
+    self.servers = cluster.start_servers(c)
+    addresses = self.servers.addresses
+    self.client = RolloutClient(addresses, weight_targets=[self.servers])
     self.train_rollout = cluster.start_rollout(c, "train_env_manager", addresses, stream="train")
     self.val_rollout = (cluster.start_rollout(c, "val_env_manager", addresses, stream="val",
                                               render_env_ids=range(4))
@@ -186,7 +188,14 @@ class AgenticPipeline:
     metrics: Dict[str, float] = {}
     try:
       while self.step < c.max_steps:
-        metrics = self.train_step()
+        try:
+          metrics = self.train_step()
+        except RolloutError:
+          # The rollout cannot go on (every server down past its restarts, ...): keep
+          # what the finished steps learned; the caller reports the one-line cause.
+          if self.step > 0 and self.checkpointer.latest_step() != self.step:
+            self.save()
+          raise
         self.tracker.scalars(self.step, metrics)
         self.tracker.console(self.step, metrics)
         self.step += 1
@@ -208,7 +217,7 @@ class AgenticPipeline:
     for rollout in (self.train_rollout, self.val_rollout):
       if rollout is not None:
         rollout.stop()
-    cluster.stop_servers(self.server_actors)
+    self.servers.stop()
     self.tracker.close()
     self.checkpointer.close()
     cluster.shutdown_ray(self._owns_ray)

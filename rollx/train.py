@@ -32,7 +32,11 @@ def main(argv: List[str]) -> None:
     distributed.maybe_initialize()
   except distributed.DistributedEnvError as e:
     cli.fail(str(e))
-  run(config)
+  from rollx.errors import RolloutError
+  try:
+    run(config)
+  except RolloutError as e:  # one line, after the pipeline saved a checkpoint
+    cli.fail(str(e))
 
 
 if __name__ == "__main__":

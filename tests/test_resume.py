@@ -77,7 +77,7 @@ with open(dump + ".json", "w") as f:
   json.dump({"step": p.step, "kl_coef": p.learner.kl_ctrl.coef,
              "train_streams": p.train_rollout.stream_state(),
              "val_streams": p.val_rollout.stream_state(),
-             "server_versions": ray.get([a.version.remote() for a in p.server_actors])}, f)
+             "server_versions": p.servers.versions()}, f)
 p.run()
 """
 

@@ -200,6 +200,10 @@ class DecoderLayer(nn.Module):
     q = q.reshape(b, t, k, n // k, hd)  # grouped-query attention: G query heads per kv head
     if cache is None:  # training / prefill: attend over this call's own keys
       attn = attention(q, kk, v, mask_bts, self.attention_block)
+    elif t > 1:  # extend (`extend`): the cached prefix's keys, then this call's own
+      keys = jnp.concatenate([cache[0].swapaxes(1, 2).astype(dt), kk], axis=1)
+      values = jnp.concatenate([cache[1].swapaxes(1, 2).astype(dt), v], axis=1)
+      attn = attention(q, keys, values, mask_bts, self.attention_block)
     else:
       scale = 1.0 / jnp.sqrt(jnp.float32(hd))
       neg = jnp.finfo(jnp.float32).min
@@ -298,7 +302,7 @@ class Transformer(nn.Module):
     else:
       layer_cache = None if cache is None else (cache.k, cache.v)
       x, new_cache = layers(x, cos, sin, mask_bts, layer_cache, cache_index_b)
-      if cache is not None:  # decode: write each row's new k/v at its position
+      if cache is not None and tokens_bt.shape[1] == 1:  # decode: write each row's new k/v
         rows = jnp.arange(tokens_bt.shape[0])
         # full: [L, B, K, S, hd]; new: [L, B, K, 1, hd]. Advanced indices on B and S
         # (split by a slice) put the indexed dims first: values are [B, L, K, hd].
@@ -366,6 +370,26 @@ def prefill(model: Transformer, params, tokens_bt: Array, true_length_b: Array):
   last, cache = model.apply({"params": params}, tokens_bt, positions, mask,
                             gather_bk=(true_length_b - 1)[:, None])
   return last[:, 0], cache
+
+
+def extend(model: Transformer, params, tokens_bt: Array, start_b: Array, length_b: Array,
+           cache: KVCache):
+  """Prefills new tokens onto cached prefixes (KV reuse across the turns of a
+  conversation): row b's `length_b` tokens (right-padded to T) sit at positions
+  start_b, start_b + 1, ... and attend to the row's first `start_b` cached positions
+  of `cache` [L,B,K,S,hd] and causally to each other. Returns (logits at each row's
+  last new token [B,V], the new tokens' keys/values [L,B,K,T,hd], for the caller to
+  write at start_b)."""
+  b, t = tokens_bt.shape
+  s = cache.k.shape[3]
+  positions = start_b[:, None] + jnp.arange(t)[None, :]
+  cached = jnp.broadcast_to((jnp.arange(s)[None, None, :] < start_b[:, None, None]), (b, t, s))
+  own = jnp.tril(jnp.ones((t, t), bool))[None] & (jnp.arange(t)[None, None, :]
+                                                   < length_b[:, None, None])
+  last, new = model.apply({"params": params}, tokens_bt, positions,
+                          jnp.concatenate([cached, own], axis=-1), cache,
+                          gather_bk=(length_b - 1)[:, None])
+  return last[:, 0], new
 
 
 def decode_step(model: Transformer, params, tokens_b: Array, positions_b: Array,

@@ -41,7 +41,9 @@ class EnvWorker:
                link, server_addresses: Sequence[str], render_env_ids: Sequence[int] = ()):
     layout = {s.env_id: s for s in env_layout(config[manager])}
     tokenizer = hf.load_tokenizer(models.resolve_model_dir(config.pretrain))
-    self.client = RolloutClient(list(server_addresses))
+    self.client = RolloutClient(
+        list(server_addresses),
+        restart_timeout_s=config.actor_infer.strategy_args.restart_timeout_s)
     self.link = link
     kwargs = manager_kwargs(config, manager)
     self.managers = [

@@ -45,6 +45,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 import ml_collections
 import numpy as np
 
+from rollx.errors import RolloutError
 from rollx.rollout.types import RolloutBatch, Ticket, Trajectory, collate
 
 GroupKey = Tuple[int, int]  # (group_id, generation)
@@ -216,7 +217,7 @@ class RolloutScheduler:
       while len(groups) < needed:
         await self._changed.wait_for(lambda: self._complete or self._stopped or self._failure)
         if self._failure:
-          raise RuntimeError(f"rollout failed: {self._failure}")
+          raise RolloutError(f"rollout failed: {self._failure}")
         if self._stopped:
           raise RuntimeError("rollout scheduler stopped while a batch was being collected")
         key = self._complete.popleft()

@@ -7,6 +7,9 @@ Only this package imports jetstream.
 # have no fields for them).
 SAMPLING_KEY = "rollx-sampling"  # request: "train" | "val"
 REQUEST_ID_KEY = "rollx-request-id"  # request: for logs
+# request: the conversation it continues (the server reuses its cached keys/values when
+# the ids start with the previous turn's prompt and response)
+TRAJECTORY_KEY = "rollx-trajectory-id"
 VERSIONS_KEY = "rollx-policy-versions"  # trailing: one weights version per token
 PREFILL_VERSION_KEY = "rollx-prefill-version"  # trailing: version that prefilled the prompt
 # trailing, binary (gRPC's -bin suffix): float32 little-endian, one behaviour log-prob per

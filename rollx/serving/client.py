@@ -9,7 +9,10 @@ the turns share a prefix, and one server sees one policy version sequence);
 otherwise the live server with the fewest outstanding requests. A server that
 fails (connection refused, stream broken) is marked dead, its sticky
 trajectories are re-routed and the request is retried elsewhere from scratch; a
-dead server is probed again with HealthCheck after `revive_after_s`. ABORTED
+dead server is probed again with HealthCheck after `revive_after_s`. When every
+server is dead, a request waits up to `restart_timeout_s` for one to come back
+(servers in Ray actors are restarted at the same address, rollx.cluster), probing
+each second, then raises NoServerAliveError. ABORTED
 (the server's weights changed under an in-flight request, ROLL's abort-at-sync)
 is retried. A bad request (INVALID_ARGUMENT) is not retried: it raises.
 """
@@ -30,9 +33,10 @@ import numpy as np
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 
 from rollx.serving import (BEHAVIOUR_LOGP_KEY, PREFILL_VERSION_KEY, REQUEST_ID_KEY,
-                           SAMPLING_KEY, VERSIONS_KEY)
+                           SAMPLING_KEY, TRAJECTORY_KEY, VERSIONS_KEY)
 
 MAX_STICKY = 65536  # far more than the trajectories in flight at once
+RESTART_POLL_S = 1.0  # how often a request waiting for a restart probes the dead servers
 # Failures that mean "this server is gone or broken", as opposed to "this request is bad".
 _SERVER_FAILURES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
                     grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
@@ -74,7 +78,7 @@ class RolloutClient:
 
   def __init__(self, addresses: Sequence[str], *, weight_targets: Sequence[Any] = (),
                max_attempts: Optional[int] = None, timeout_s: float = 600.0,
-               revive_after_s: float = 30.0):
+               revive_after_s: float = 30.0, restart_timeout_s: float = 0.0):
     if not addresses:
       raise ValueError("RolloutClient needs at least one server address")
     self._servers = [_Server(a) for a in addresses]
@@ -84,6 +88,7 @@ class RolloutClient:
     self._weight_targets = list(weight_targets)
     self.max_attempts = max_attempts or 2 * len(addresses) + 2
     self.timeout_s, self.revive_after_s = timeout_s, revive_after_s
+    self.restart_timeout_s = restart_timeout_s
     self.num_retries = 0
 
   # -- routing -------------------------------------------------------------------
@@ -95,16 +100,43 @@ class RolloutClient:
       server.loop = loop
     return server.stub
 
-  async def _revive(self) -> None:
+  async def _revive(self, after_s: Optional[float] = None) -> None:
+    """HealthCheck the servers dead for longer than `after_s` (default revive_after_s)."""
     now = time.monotonic()
+    after_s = self.revive_after_s if after_s is None else after_s
     for s in self._servers:
-      if not s.alive and now - s.dead_since > self.revive_after_s:
+      if not s.alive and now - s.dead_since >= after_s:
         s.dead_since = now
         try:
           reply = await self._stub(s).HealthCheck(jetstream_pb2.HealthCheckRequest(), timeout=2)
           s.alive = bool(reply.is_live)
         except grpc.aio.AioRpcError:
-          pass
+          self._drop_channel(s)
+
+  @staticmethod
+  def _drop_channel(s: _Server) -> None:
+    """The next call opens a fresh channel: a channel that failed to connect waits out
+    gRPC's reconnect backoff (growing to minutes) before it tries a restarted server."""
+    if s.channel is not None and s.loop is asyncio.get_running_loop():
+      asyncio.ensure_future(s.channel.close())
+    s.channel = s.stub = None
+
+  async def _pick_or_wait(self, trajectory_id: Optional[str]) -> int:
+    """`_pick`, or, with every server dead, wait up to restart_timeout_s for one."""
+    deadline = None
+    while True:
+      try:
+        return self._pick(trajectory_id)
+      except NoServerAliveError as e:
+        now = time.monotonic()
+        deadline = deadline or now + self.restart_timeout_s
+        if now >= deadline:
+          if self.restart_timeout_s > 0:
+            raise NoServerAliveError(f"{e} (waited {self.restart_timeout_s:.0f} s for a "
+                                     "restart)") from None
+          raise
+      await asyncio.sleep(RESTART_POLL_S)
+      await self._revive(after_s=RESTART_POLL_S)  # one probe a second, however many wait
 
   def _pick(self, trajectory_id: Optional[str]) -> int:
     if trajectory_id is not None:
@@ -126,6 +158,7 @@ class RolloutClient:
   def _mark_dead(self, idx: int, error: str) -> None:
     s = self._servers[idx]
     s.alive, s.dead_since, s.last_error = False, time.monotonic(), error
+    self._drop_channel(s)
     for t in [t for t, i in self._sticky.items() if i == idx]:
       del self._sticky[t]
 
@@ -143,10 +176,11 @@ class RolloutClient:
     request = jetstream_pb2.DecodeRequest(
         token_content=jetstream_pb2.DecodeRequest.TokenContent(token_ids=list(prompt_ids)),
         max_tokens=int(max_tokens))
-    metadata = ((SAMPLING_KEY, mode), (REQUEST_ID_KEY, request_id))
+    metadata = ((SAMPLING_KEY, mode), (REQUEST_ID_KEY, request_id)) + (
+        ((TRAJECTORY_KEY, trajectory_id),) if trajectory_id is not None else ())
     await self._revive()
     for attempt in range(self.max_attempts):
-      idx = self._pick(trajectory_id)
+      idx = await self._pick_or_wait(trajectory_id)
       server = self._servers[idx]
       server.outstanding += 1
       try:
@@ -181,8 +215,8 @@ class RolloutClient:
 
   # -- weights ---------------------------------------------------------------------
   def update_params(self, params, version: int, abort_in_flight: bool = False) -> None:
-    """Push new weights to every server this client was given (in-process servers
-    or Ray actor handles of `rollx.cluster.ServerActor`)."""
+    """Push new weights to every server this client was given (in-process servers,
+    Ray actor handles of `rollx.cluster.ServerActor`, or a `rollx.cluster.ServerGroup`)."""
     pending = []
     for target in self._weight_targets:
       remote = getattr(getattr(target, "update_params", None), "remote", None)

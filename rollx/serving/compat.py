@@ -36,6 +36,16 @@
    narrows it; the queue is built inside `Driver.__init__` with no parameter, so its
    bound is changed before the first request arrives.
 
+7. (a setting) 0.2.2's free decode slots are a FIFO queue, and its generate thread
+   takes a slot from it before it looks for a request, putting the slot back at the
+   end when there is none: the free slots rotate every idle step, so which slot a
+   request gets is close to random. The engine keeps a finished turn's keys/values in
+   its slot for the trajectory's next turn (KV reuse), so a request should take the
+   slot that holds its conversation, else the slot freed longest ago.
+   `reuse_slots_least_recent_first` orders the queue that way: a slot put back unused
+   keeps its place, a slot freed by a finished request goes last, and the request next
+   in the generate backlog gets its conversation's slot when that one is free.
+
 `apply()` is idempotent and must run before jetstream is imported by anything
 that executes a request. tests/serving/test_serving.py fails if either patch stops being
 needed (JAX regains `tree_map`, JetThread stops killing) or stops working.
@@ -43,6 +53,7 @@ needed (JAX regains `tree_map`, JetThread stops killing) or stops working.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import re
 import threading
@@ -130,3 +141,56 @@ def _all_slots_free(thread, target) -> bool:
   slots = driver._generate_slots[idx]  # pylint: disable=protected-access
   engine = driver._generate_engines[idx]  # pylint: disable=protected-access
   return slots.qsize() == engine.max_concurrent_decodes
+
+
+class _LeastRecentSlots:
+  """A decode-slot queue's storage (fix 7): `get` gives the slot `prefer()` names when it
+  is free, else the free slot freed longest ago. `was_used(slot)` says (and forgets)
+  whether a request ran in the slot since it was last taken; a slot put back unused
+  keeps its place."""
+
+  def __init__(self, slots, was_used, prefer):
+    self._rank = {s: i for i, s in enumerate(slots)}
+    self._heap = [(i, s) for i, s in enumerate(slots)]
+    self._free = set(slots)
+    self._clock = len(self._rank)
+    self._was_used, self._prefer = was_used, prefer
+
+  def put(self, slot) -> None:
+    if self._was_used(slot):
+      self._rank[slot], self._clock = self._clock, self._clock + 1
+    self._free.add(slot)
+    heapq.heappush(self._heap, (self._rank[slot], slot))
+
+  def get(self):
+    preferred = self._prefer()
+    if preferred in self._free:  # its heap entry goes stale
+      self._free.remove(preferred)
+      return preferred
+    while True:
+      rank, slot = heapq.heappop(self._heap)
+      if slot in self._free and self._rank[slot] == rank:  # else a stale entry
+        self._free.remove(slot)
+        return slot
+
+  def __len__(self) -> int:
+    return len(self._free)
+
+
+def reuse_slots_least_recent_first(driver, was_used, slot_for) -> None:
+  """Makes `driver`'s generate threads take, for the request next in line, the slot
+  `slot_for(request)` names if it is free, else the free slot freed longest ago (fix 7).
+  Call it before the driver serves a request."""
+  for idx, slots in enumerate(driver._generate_slots):  # pylint: disable=protected-access
+    backlog = driver._generate_backlogs[idx]  # pylint: disable=protected-access
+
+    def prefer(backlog=backlog):
+      try:  # a peek: if another request is inserted instead, it only gets this slot
+        return slot_for(backlog.queue[0])
+      except IndexError:
+        return None
+
+    with slots.mutex:
+      pool = _LeastRecentSlots(list(slots.queue), was_used, prefer)
+      # queue.Queue keeps its items through these three hooks
+      slots.queue, slots._put, slots._get, slots._qsize = pool, pool.put, pool.get, pool.__len__

@@ -17,6 +17,16 @@ next-token logits of every slot, its write position, and its sampling settings.
   model produced, EOS included); the slot reports `valid = 0` from the next step
   on, which ends the request in JetStream's detokenizer.
 
+KV reuse across turns (`reuse_kv`): an agent's every turn sends the whole
+conversation so far. When a request names its trajectory (`trajectory_id`) and its
+ids start with the previous turn's prompt and response, whose keys/values that turn's
+slot still holds, only the new ids are prefilled (`llm.extend`), onto those keys/values
+(moved into the request's slot at insert). Checked id by id; exact: the cached keys/values must
+come from the weights that will sample (a weight update since they were computed, or
+the slot given to another request, means a full prefill). Entries live in the slots
+themselves: JetStream hands free slots out first-in first-out, so a finished turn's
+slot is the last to be reused.
+
 Why prefill is deferred into `generate`: 0.2.2's Driver prefills one request per
 call on its prefill thread, hands it through a transfer thread (which waits for the
 prefill to finish) to the generate thread, one request at a time in interleaved
@@ -44,7 +54,7 @@ import bisect
 import collections
 import dataclasses
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +74,11 @@ from rollx.serving import PREFILL_BUCKETS  # noqa: E402
 # `behaviour_logp_of`: the gRPC side reads a request's steps after it completes, which
 # can lag the generate loop by the detokenize backlog and a busy event loop.
 HISTORY_SLACK = 4096
+
+
+def _bucket(n: int) -> int:
+  """The padded width of n continuation ids: the prompt buckets' powers of two."""
+  return PREFILL_BUCKETS[bisect.bisect_left(PREFILL_BUCKETS, n)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,10 +122,24 @@ class Prefix:
 
 
 @dataclasses.dataclass
+class _Conversation:
+  """The ids whose keys/values a slot holds for a trajectory: its last request's prompt
+  and, once that request finished, its response. Valid while the slot is not given to
+  another request and the weights have not changed since step `since`."""
+  trajectory_id: str
+  ids: np.ndarray
+  since: int  # the generate step that computed the oldest of these keys/values
+  request: Any
+  finished: bool = False
+
+
+@dataclasses.dataclass
 class _Staged:
   slot: int
   prefix: Prefix
   sampling: Sampling
+  start: int = 0  # > 0: the keys/values of ids [0, start) are in the slot (KV reuse)
+  conversation: Optional[_Conversation] = None
 
 
 @jax.tree_util.register_dataclass
@@ -205,7 +234,8 @@ class RollxEngine(engine_api.Engine):
                max_concurrent_decodes: int = 32, max_prefill_length: int = 512,
                max_cache_length: int = 1024, stop_token_ids: Sequence[int] = (),
                sampling: Optional[dict] = None, hf_tokenizer=None, pad_id: int = 0,
-               mesh: Optional[Mesh] = None, seed: int = 0, prefill_batch: int = 8):
+               mesh: Optional[Mesh] = None, seed: int = 0, prefill_batch: int = 8,
+               reuse_kv: bool = True):
     if max_prefill_length not in PREFILL_BUCKETS:
       raise ValueError(f"max_prefill_length={max_prefill_length} must be one of "
                        f"{PREFILL_BUCKETS} (JetStream's padding buckets)")
@@ -235,6 +265,15 @@ class RollxEngine(engine_api.Engine):
     self._history: "collections.deque" = collections.deque(
         maxlen=self.max_cache_length + HISTORY_SLACK)
     self._history_lock = threading.Lock()
+    # KV reuse across turns: slot -> the conversation whose keys/values it holds, and
+    # trajectory -> its slot (insert: generate thread; finish: the gRPC side)
+    self.reuse_kv = bool(reuse_kv)
+    self._conversations: Dict[int, _Conversation] = {}
+    self._slot_of: Dict[str, int] = {}
+    self._conversation_lock = threading.Lock()
+    self._inserted: set = set()  # slots given a request since JetStream last freed them
+    self.prefilled_tokens = 0  # prompt tokens run through the model
+    self.reused_tokens = 0  # prompt tokens whose keys/values were reused instead
     stop = jnp.asarray(self.stop_token_ids or (-1,), jnp.int32)
 
     def prefill_into_slots(params, state: SlotState, tokens_nt, true_length_n, slot_n, temp_n,
@@ -248,6 +287,35 @@ class RollxEngine(engine_api.Engine):
       return dataclasses.replace(
           state, cache=llm.KVCache(rows(state.cache.k, cache.k), rows(state.cache.v, cache.v)),
           logits=at(state.logits, logits), pos=at(state.pos, true_length_n),
+          lengths=at(state.lengths, 0), done=at(state.done, False),
+          temperature=at(state.temperature, temp_n), top_p=at(state.top_p, top_p_n),
+          top_k=at(state.top_k, top_k_n))
+
+    def move_slot(state: SlotState, source, slot):
+      """A conversation's keys/values from slot `source` to `slot` (its next turn's)."""
+      move = lambda full: full.at[:, slot].set(full[:, source])
+      return dataclasses.replace(state, cache=llm.KVCache(move(state.cache.k),
+                                                          move(state.cache.v)))
+
+    def extend_into_slots(params, state: SlotState, tokens_nt, start_n, length_n, slot_n,
+                          temp_n, top_p_n, top_k_n):
+      """Continues n conversations whose slots hold their first `start` ids' keys/values:
+      the new ids are prefilled onto them at positions start, start + 1, ...
+      (llm.extend). Rows with slot >= slots are padding."""
+      s = state.cache.k.shape[3]
+      k, v = state.cache.k, state.cache.v
+      rows = jnp.minimum(slot_n, self._slots - 1)
+      logits, new = llm.extend(model, params, tokens_nt, start_n, length_n,
+                               llm.KVCache(k[:, rows], v[:, rows]))
+      t = tokens_nt.shape[1]
+      pos_nt = jnp.minimum(start_n[:, None] + jnp.arange(t)[None, :], s)  # s: dropped
+      # [L, n, K, T, hd] -> [n, T, L, K, hd]: the advanced indices (slot, position) first
+      write = lambda full, part: full.at[:, slot_n[:, None], :, pos_nt].set(
+          part.transpose(1, 3, 0, 2, 4).astype(full.dtype), mode="drop")
+      at = lambda a, x: a.at[slot_n].set(jnp.asarray(x).astype(a.dtype), mode="drop")
+      return dataclasses.replace(
+          state, cache=llm.KVCache(write(k, new.k), write(v, new.v)),
+          logits=at(state.logits, logits), pos=at(state.pos, start_n + length_n),
           lengths=at(state.lengths, 0), done=at(state.done, False),
           temperature=at(state.temperature, temp_n), top_p=at(state.top_p, top_p_n),
           top_k=at(state.top_k, top_k_n))
@@ -284,6 +352,8 @@ class RollxEngine(engine_api.Engine):
     # row costs little next to the per-call overhead at these sizes. `warmup` compiles
     # ahead where a first-batch stall matters.
     self._prefill = jax.jit(prefill_into_slots, donate_argnums=1, out_shardings=self._replicated)
+    self._extend = jax.jit(extend_into_slots, donate_argnums=1, out_shardings=self._replicated)
+    self._move = jax.jit(move_slot, donate_argnums=0, out_shardings=self._replicated)
     self._generate = jax.jit(generate_fn, donate_argnums=1, out_shardings=self._replicated)
 
   # -- weights ---------------------------------------------------------------
@@ -334,7 +404,8 @@ class RollxEngine(engine_api.Engine):
   def prefill(self, *, params: VersionedParams, existing_prefix=None, padded_tokens,
               true_length: int) -> Prefix:
     if existing_prefix is not None:
-      raise NotImplementedError("rollx serving has no prefix cache (existing_prefix)")
+      raise NotImplementedError("rollx reuses a trajectory's keys/values at insert (by "
+                                "trajectory and ids), not through existing_prefix")
     del params  # the generate step that prefills it reads the weights then
     return Prefix(tokens=np.asarray(padded_tokens, np.int32), true_length=int(true_length))
 
@@ -346,8 +417,69 @@ class RollxEngine(engine_api.Engine):
       # which restarts at 0 when compat restarts a generate loop: the next generate
       # step prefills this request and makes its first token.
       request.first_step, request.slot = self.num_steps, int(slot)
-    self._staged.append(_Staged(int(slot), prefix, sampling))
+    self._inserted.add(int(slot))
+    staged, source = self._continuation(int(slot), prefix, sampling)
+    if staged.start and source != slot:
+      # moved now, before anything is prefilled into `source` (JetStream may hand it
+      # to the next request of this very step)
+      decode_state = self._move(decode_state, np.int32(source), np.int32(slot))
+    self._staged.append(staged)
     return decode_state
+
+  # -- KV reuse across turns -------------------------------------------------------------
+  def _continuation(self, slot: int, prefix: Prefix, sampling: Sampling) -> Tuple[_Staged, int]:
+    """What `slot`'s prefill needs, and the slot holding the keys/values it continues
+    from: the whole prompt, or, when the trajectory's previous turn left the keys/values
+    of a prefix of these very ids in a slot (checked id by id), only the ids after it.
+    The slot's previous conversation is gone either way."""
+    staged, source = _Staged(slot, prefix, sampling), slot
+    trajectory = getattr(prefix.request, "trajectory_id", "")
+    ids = np.asarray(prefix.tokens[:prefix.true_length])
+    with self._conversation_lock:
+      previous = self._conversations.get(self._slot_of.get(trajectory, -1)) if trajectory else None
+      if (self.reuse_kv and previous is not None and previous.finished
+          and len(previous.ids) < len(ids) and np.array_equal(ids[:len(previous.ids)], previous.ids)):
+        staged.start, source = len(previous.ids), self._slot_of[trajectory]
+        del self._conversations[source]
+      dropped = self._conversations.pop(slot, None)
+      if dropped is not None and self._slot_of.get(dropped.trajectory_id) == slot:
+        del self._slot_of[dropped.trajectory_id]
+      if trajectory:
+        since = previous.since if staged.start else self.num_steps
+        staged.conversation = self._conversations[slot] = _Conversation(
+            trajectory, ids, since, prefix.request)
+        self._slot_of[trajectory] = slot
+    return staged, source
+
+  def slot_was_used(self, slot: int) -> bool:
+    """Whether a request ran in `slot` since JetStream last took it from its free slots
+    (forgotten on asking): compat.reuse_slots_least_recent_first's question."""
+    used = int(slot) in self._inserted
+    self._inserted.discard(int(slot))
+    return used
+
+  def slot_for(self, request) -> Optional[int]:
+    """The slot holding `request`'s trajectory's finished previous turn, if any."""
+    trajectory = getattr(request, "trajectory_id", "")
+    slot = self._slot_of.get(trajectory) if trajectory else None
+    conversation = self._conversations.get(slot)
+    return slot if conversation is not None and conversation.finished else None
+
+  def finish(self, request, response_ids: Sequence[int]) -> None:
+    """`request` completed with `response_ids`: its slot now holds the keys/values of
+    its prompt and response, which the trajectory's next turn may continue from."""
+    with self._conversation_lock:
+      conversation = self._conversations.get(getattr(request, "slot", None))
+      if conversation is not None and conversation.request is request:
+        conversation.ids = np.concatenate([conversation.ids,
+                                           np.asarray(response_ids, conversation.ids.dtype)])
+        conversation.finished = True
+
+  def _unchanged_since(self, step: int, version: int) -> bool:
+    """Whether every generate step from `step` on, and the one about to run with
+    `version`, used the same weights (a reused key/value is exact only then)."""
+    return not self._versions or (self._versions[-1] == version
+                                  and self._version_starts[-1] <= step)
 
   def warmup(self, prompt_buckets: Sequence[int]) -> None:
     """Compiles the decode step and the prefill for these prompt buckets (JetStream
@@ -358,12 +490,33 @@ class RollxEngine(engine_api.Engine):
     self._decode_inits = inits  # the scratch state's draw is not a loop start
     state, _, totals = self._generate(weights, state, self._logp_totals)
     n = self._prefill_batch
+    pad = np.full((n,), self._slots, np.int32)  # out-of-range slots: padding rows
+    sampling = np.ones((n,), np.float32), np.ones((n,), np.float32), np.zeros((n,), np.int32)
     for width in prompt_buckets:  # every row is padding (slot out of range): state unchanged
       state = self._prefill(weights, state, np.zeros((n, width), np.int32),
-                            np.ones((n,), np.int32), np.full((n,), self._slots, np.int32),
-                            np.ones((n,), np.float32), np.ones((n,), np.float32),
-                            np.zeros((n,), np.int32))
+                            np.ones((n,), np.int32), pad, *sampling)
+      if self.reuse_kv:  # a continuation's new ids take the same buckets
+        state = self._extend(weights, state, np.zeros((n, width), np.int32),
+                             np.zeros((n,), np.int32), np.ones((n,), np.int32), pad, *sampling)
+    if self.reuse_kv:
+      state = self._move(state, np.int32(0), np.int32(0))
     jax.block_until_ready((state, totals))
+
+  def _extend_arrays(self, chunk: Sequence[_Staged]):
+    """Continuations as `prefill_batch` rows: their new ids (padded to a bucket), where
+    they start, how many, their slot, sampling."""
+    n = self._prefill_batch
+    width = max(_bucket(s.prefix.true_length - s.start) for s in chunk)
+    tokens = np.full((n, width), self._pad_id, np.int32)
+    start, length = np.zeros((n,), np.int32), np.ones((n,), np.int32)
+    slot = np.full((n,), self._slots, np.int32)
+    temp, top_p, top_k = np.ones((n,), np.float32), np.ones((n,), np.float32), np.zeros((n,), np.int32)
+    for i, s in enumerate(chunk):
+      new = s.prefix.tokens[s.start:s.prefix.true_length]
+      tokens[i, :len(new)] = new
+      start[i], length[i], slot[i] = s.start, len(new), s.slot
+      temp[i], top_p[i], top_k[i] = s.sampling.temperature, s.sampling.top_p, s.sampling.top_k
+    return tokens, start, length, slot, temp, top_p, top_k
 
   def _chunk_arrays(self, chunk: Sequence[_Staged]):
     """Staged prompts as `prefill_batch` padded numpy rows (numpy, not jnp: an eager jnp
@@ -383,11 +536,23 @@ class RollxEngine(engine_api.Engine):
   def generate(self, params: VersionedParams, decode_state: SlotState):
     version, weights = params.get()
     staged, self._staged = self._staged, []
+    for s in staged:
+      if s.start and not self._unchanged_since(s.conversation.since, version):
+        # the weights changed since the prefix was computed: prefill it all again
+        s.start, s.conversation.since = 0, self.num_steps
+    full = [s for s in staged if not s.start]
+    continued = [s for s in staged if s.start]
     # Same-bucket prompts share a chunk (JetStream pads each to its bucket).
-    staged.sort(key=lambda s: len(s.prefix.tokens))
-    for i in range(0, len(staged), self._prefill_batch):
+    full.sort(key=lambda s: len(s.prefix.tokens))
+    for i in range(0, len(full), self._prefill_batch):
       decode_state = self._prefill(weights, decode_state,
-                                   *self._chunk_arrays(staged[i:i + self._prefill_batch]))
+                                   *self._chunk_arrays(full[i:i + self._prefill_batch]))
+    continued.sort(key=lambda s: _bucket(s.prefix.true_length - s.start))
+    for i in range(0, len(continued), self._prefill_batch):
+      decode_state = self._extend(weights, decode_state,
+                                  *self._extend_arrays(continued[i:i + self._prefill_batch]))
+    self.prefilled_tokens += sum(s.prefix.true_length - s.start for s in staged)
+    self.reused_tokens += sum(s.start for s in staged)
     # the running totals go through the jitted step: an eager add here cost ~1 ms a step
     decode_state, data, self._logp_totals = self._generate(weights, decode_state,
                                                            self._logp_totals)

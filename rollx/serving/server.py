@@ -41,7 +41,7 @@ from rollx.errors import ConfigError
 from rollx.models import hf
 from rollx.parallel import mesh as mesh_lib
 from rollx.serving import (BEHAVIOUR_LOGP_KEY, PREFILL_VERSION_KEY, REQUEST_ID_KEY,
-                           SAMPLING_KEY, VERSIONS_KEY, compat)
+                           SAMPLING_KEY, TRAJECTORY_KEY, VERSIONS_KEY, compat)
 from rollx.serving.engine import RollxEngine, Sampling
 
 compat.apply()
@@ -66,6 +66,7 @@ class RollxRequest(orchestrator.ActiveRequest):
   prefill_version: Optional[int] = None
   first_step: Optional[int] = None  # the engine's generate step that makes its first token
   slot: Optional[int] = None  # the decode slot that generates it
+  trajectory_id: str = ""  # the conversation it continues ("": none)
   aborted: bool = False
 
   def __setattr__(self, name, value):
@@ -166,7 +167,7 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
         # `.shape`, so a list of token ids kills the prefill thread.
         prefill_content=np.asarray(request.token_content.token_ids, np.int32),
         is_client_side_tokenization=True, request_id=metadata.get(REQUEST_ID_KEY, ""),
-        sampling=self._engine.sampling[mode])
+        sampling=self._engine.sampling[mode], trajectory_id=metadata.get(TRAJECTORY_KEY, ""))
     try:
       self._driver.place_request_on_prefill_queue(active)
     except queue.Full:
@@ -176,6 +177,8 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
       ids = await channel.token_ids()
     finally:
       self.in_flight.pop(id(active), None)
+    if not active.aborted:  # before the response: the next turn may continue from it
+      self._engine.finish(active, ids)
     num_tokens = len(ids)
     if ids:
       yield jetstream_pb2.DecodeResponse(
@@ -224,6 +227,8 @@ class RolloutServer:
     # per turn. One step ahead still overlaps dispatch with the previous step's tokens
     # (bench/serve.py --workload rollout compares depths).
     compat.set_detokenize_depth(self.driver, detokenize_depth)
+    # a finished turn's slot keeps its keys/values for the trajectory's next turn
+    compat.reuse_slots_least_recent_first(self.driver, engine.slot_was_used, engine.slot_for)
     self.servicer = RollxOrchestrator(self.driver, engine)
     self._executor = futures.ThreadPoolExecutor(max_workers=threads)
     self._loop = asyncio.new_event_loop()
@@ -256,7 +261,9 @@ class RolloutServer:
   def stats(self) -> Dict[str, float]:
     logp_sum, count = self.engine.sampled_logprob_stats()
     return {"sampled_tokens": float(count), "generate_steps": float(self.engine.num_steps),
-            "sampled_logprob_mean": logp_sum / count if count else float("nan")}
+            "sampled_logprob_mean": logp_sum / count if count else float("nan"),
+            "prefilled_tokens": float(self.engine.prefilled_tokens),
+            "reused_tokens": float(self.engine.reused_tokens)}
 
   def update_params(self, params, version: int, abort_in_flight: bool = False) -> int:
     """New weights for the next generate step; returns how many requests were aborted."""
@@ -299,7 +306,8 @@ def engine_from_config(config: ml_collections.ConfigDict, params=None, version: 
       max_cache_length=s.max_cache_length, stop_token_ids=sorted(stops),
       sampling={"train": Sampling.from_generating_args(infer.generating_args),
                 "val": Sampling.from_generating_args(infer.val_generating_args)},
-      hf_tokenizer=tokenizer, pad_id=tokenizer.pad_token_id or 0, mesh=mesh, seed=config.seed)
+      hf_tokenizer=tokenizer, pad_id=tokenizer.pad_token_id or 0, mesh=mesh, seed=config.seed,
+      reuse_kv=s.reuse_kv)
 
 
 def server_from_config(config: ml_collections.ConfigDict, host: str = "127.0.0.1", port: int = 0,

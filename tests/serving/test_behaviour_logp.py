@@ -128,3 +128,26 @@ def test_a_stale_batch_gets_the_importance_weights_computed_by_hand(server):
       np.testing.assert_array_equal(changed, raw > 2.0)
       checked += int((want > 1.05).any() or (want < 0.95).any())
   assert checked >= 6  # the drift moved the weights off 1 (a real test of staleness)
+
+
+def test_behaviour_logp_after_kv_reuse_equals_the_trainers(server):
+  """A second turn continued on the first turn's cached keys/values (KV reuse)."""
+  params = make_params(0)
+  batch = prompts(6, seed=12, lo=3, hi=20)
+  before = server.stats()["reused_tokens"]
+
+  async def go():
+    client = RolloutClient([server.address])
+    first = await asyncio.gather(*[client.generate(f"c{i}/0", p, 8, trajectory_id=f"c{i}")
+                                   for i, p in enumerate(batch)])
+    second_ids = [p + g.token_ids + [5, 6] for p, g in zip(batch, first)]
+    second = await asyncio.gather(*[client.generate(f"c{i}/1", ids, 8, trajectory_id=f"c{i}")
+                                    for i, ids in enumerate(second_ids)])
+    await client.close()
+    return list(zip(second_ids, second))
+
+  turns = asyncio.run(go())
+  assert server.stats()["reused_tokens"] - before == sum(len(ids) - 2 for ids, _ in turns)
+  for prompt, gen in turns:
+    np.testing.assert_allclose(np.asarray(gen.behaviour_logp, np.float32),
+                               trainer_logp(params, prompt, gen, 1.0), rtol=0, atol=1e-5)

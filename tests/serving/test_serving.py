@@ -332,15 +332,15 @@ def test_ray_actor_server_and_weight_push_through_object_store():
                                           max_cache_length=64)
   start_local_ray()
   try:
-    actors, addresses = cluster.start_servers(config, num_servers=1)
-    client = RolloutClient(addresses, weight_targets=actors)
+    servers = cluster.start_servers(config, num_servers=1)
+    client = RolloutClient(servers.addresses, weight_targets=[servers])
     first = run(client.generate("a", [1, 2, 3], 8, mode="val"))
     assert first.policy_version == 0
     params = jax.device_get(models.load_model(None).params)
     params = jax.tree.map(lambda x: x + np.float32(0.05), params)
     client.update_params(params, 5)
     second = run(client.generate("b", [1, 2, 3], 8, mode="val"))
-    assert second.policy_version == 5 and ray.get(actors[0].version.remote()) == 5
+    assert second.policy_version == 5 and servers.versions() == [5]
   finally:
     ray.shutdown()
 

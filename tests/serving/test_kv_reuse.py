@@ -1,0 +1,136 @@
+"""KV reuse across the turns of a conversation (rollx.serving.engine, llm.extend): exact.
+
+The model (the shipped default): a continuation prefilled onto cached keys/values gives
+the logits and keys/values of a full prefill of the same ids (fp32, 1e-5), across
+prompt buckets and attention blocks. The server (real JetStream Driver, gRPC): multi-turn conversations
+answer exactly what a full decode of the whole conversation gives, reusing every
+earlier turn's keys/values; a diverging prefix, a weight update and a slot taken by
+another request each fall back to a full prefill and stay exact.
+"""
+
+import asyncio
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rollx import models
+from rollx.models import llm
+from rollx.serving.client import RolloutClient
+from rollx.serving.engine import RollxEngine, Sampling
+from rollx.serving.server import RolloutServer
+from tests.serving.test_serving import CFG, MODEL, make_params
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.mark.parametrize("cached,new", [(5, 9), (16, 16), (31, 2), (40, 1), (70, 60)])
+def test_extend_equals_a_full_prefill(cached, new):
+  # the shipped default model: trained weights, the logit scales of a real run
+  policy = models.load_model(None, attention_block=16)  # several query blocks per call
+  model, params = policy.model, policy.params
+  ids = np.random.default_rng(cached).integers(0, policy.config.vocab_size, cached + new)
+  want_logits = np.asarray(llm.forward(model, params, jnp.asarray(ids[None])))[0]
+  _, want_cache = llm.prefill(model, params, jnp.asarray(ids[None]), jnp.asarray([len(ids)]))
+  _, cache = llm.prefill(model, params, jnp.asarray(ids[None, :cached]), jnp.asarray([cached]))
+  cache = llm.pad_cache(cache, 256)
+  width = 1 << max(4, (new - 1).bit_length())  # a bucket, padded
+  tokens = np.zeros((1, width), np.int32)
+  tokens[0, :new] = ids[cached:]
+  last, kv = llm.extend(model, params, jnp.asarray(tokens), jnp.asarray([cached]),
+                        jnp.asarray([new]), cache)
+  np.testing.assert_allclose(np.asarray(last)[0], want_logits[-1], rtol=0, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(kv.k)[:, 0, :, :new], np.asarray(want_cache.k)[:, 0, :, cached:],
+                             rtol=0, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(kv.v)[:, 0, :, :new], np.asarray(want_cache.v)[:, 0, :, cached:],
+                             rtol=0, atol=1e-5)
+
+
+def serve(slots=8):
+  engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=slots, max_prefill_length=128,
+                       max_cache_length=256, sampling={"train": Sampling(1.0), "val": Sampling(0.0)})
+  return RolloutServer(engine)
+
+
+def conversation(client, traj, first, turns, answer=6, rng=None):
+  """Greedy turns: each next prompt is the conversation so far + a few new ids."""
+  async def go():
+    ids, out = list(first), []
+    for turn in range(turns):
+      gen = await client.generate(f"{traj}/{turn}", ids, answer, trajectory_id=traj, mode="val")
+      out.append((list(ids), gen))
+      ids = ids + gen.token_ids + [int(t) for t in rng.integers(0, CFG.vocab_size, 3)]
+    return out
+  return go()
+
+
+def greedy(params, prompt, n):
+  return llm.greedy_generate(MODEL, params, prompt, n)
+
+
+def test_multi_turn_conversations_reuse_every_earlier_turn_and_stay_exact():
+  srv = serve()
+  try:
+    async def go():
+      client = RolloutClient([srv.address])
+      rng = np.random.default_rng(0)
+      runs = await asyncio.gather(*[conversation(client, f"t{i}", rng.integers(0, 96, 5 + 7 * i),
+                                                 4, rng=np.random.default_rng(i)) for i in range(6)])
+      await client.close()
+      return runs
+    runs = asyncio.run(go())
+    stats = srv.stats()
+  finally:
+    srv.stop()
+  params = make_params(0)
+  reusable = 0
+  for turns in runs:
+    for k, (prompt, gen) in enumerate(turns):
+      assert gen.token_ids == greedy(params, prompt, 6)
+      if k:  # the previous turn's prompt + response
+        reusable += len(turns[k - 1][0]) + len(turns[k - 1][1].token_ids)
+  assert stats["reused_tokens"] == reusable
+  assert stats["prefilled_tokens"] + stats["reused_tokens"] == sum(
+      len(p) for turns in runs for p, _ in turns)
+
+
+def test_a_diverging_prefix_a_weight_update_and_a_reused_slot_fall_back_exactly():
+  srv = serve(slots=2)
+  client = RolloutClient([srv.address])
+  try:
+    async def turn(traj, ids, tag):
+      return await client.generate(tag, ids, 6, trajectory_id=traj, mode="val")
+
+    first = [3, 14, 15, 92, 65, 35]
+    a = asyncio.run(turn("a", first, "a0"))
+    # a diverging prefix (one id of the cached conversation changed): full prefill
+    before = srv.stats()["reused_tokens"]
+    changed = [first[0] + 1] + first[1:] + a.token_ids + [7]
+    b = asyncio.run(turn("a", changed, "a1"))
+    assert srv.stats()["reused_tokens"] == before
+    assert b.token_ids == greedy(make_params(0), changed, 6)
+    # a weight update between two turns: the new turn is prefilled under the new weights
+    new = make_params(1)
+    srv.update_params(new, 1)
+    ids = changed + b.token_ids + [8, 9]
+    c = asyncio.run(turn("a", ids, "a2"))
+    assert srv.stats()["reused_tokens"] == before and set(c.token_versions) == {1}
+    assert c.token_ids == greedy(new, ids, 6)
+    # ... and the turn after reuses what was computed under them
+    ids = ids + c.token_ids + [10]
+    d = asyncio.run(turn("a", ids, "a3"))
+    assert srv.stats()["reused_tokens"] == before + len(ids) - 1
+    assert d.token_ids == greedy(new, ids, 6)
+    # other requests take both slots: the conversation's slot is reused, its keys/values gone
+    async def others():
+      await asyncio.gather(turn("x", [1, 2, 3], "x"), turn("y", [4, 5, 6], "y"),
+                           turn("z", [7, 8], "z"))
+    asyncio.run(others())
+    before = srv.stats()["reused_tokens"]
+    ids = ids + d.token_ids + [11]
+    e = asyncio.run(turn("a", ids, "a4"))
+    assert e.token_ids == greedy(new, ids, 6)
+    assert srv.stats()["reused_tokens"] == before
+  finally:
+    srv.stop()
