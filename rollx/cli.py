@@ -80,9 +80,8 @@ def quiet_console() -> None:
   - Ray's notice, at WARNING, that a new local cluster has token authentication on (its
     default; not a problem to act on): that one logger at ERROR.
   - What C++ code writes to stderr itself is filtered where it happens (rollx.console):
-    TensorFlow's start-up records (jetstream -> seqio -> tensorflow) while
-    rollx.serving.compat imports JetStream, Ray's notice about restartable actors'
-    constructor arguments while rollx.cluster starts the env workers.
+    Ray's notice about restartable actors' constructor arguments while rollx.cluster
+    starts the env workers.
   RAY_LOGGER_LEVEL already in the environment is kept.
   """
   if flags.FLAGS["verbosity"].present and flags.FLAGS["verbosity"].value >= 0:

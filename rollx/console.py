@@ -1,7 +1,7 @@
 """Console hygiene: native records that libraries write straight to file descriptor 2.
 
-Python's logging can be set per logger (rollx.cli.quiet_console), but TensorFlow's and
-Ray's C++ code write to fd 2 directly. `native_stderr_filtered(pattern)` sends fd 2 to a
+Python's logging can be set per logger (rollx.cli.quiet_console), but Ray's C++ code
+writes to fd 2 directly. `native_stderr_filtered(pattern)` sends fd 2 to a
 temporary file for the length of a `with` block and then writes back every line that
 `pattern` does not match, so only the known notices go and anything else (an error
 the block did not expect) still shows, after the block. With absl's --verbosity=0

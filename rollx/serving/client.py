@@ -28,8 +28,8 @@ from typing import Any, List, Optional, Sequence
 import grpc
 import numpy as np
 
-# Only JetStream's generated proto modules: env workers import the client, and the
-# orchestrator (with seqio and TensorFlow behind it) costs seconds per process.
+# Only JetStream's generated proto modules: env workers import the client and need
+# nothing else of JetStream.
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 
 from rollx.serving import (BEHAVIOUR_LOGP_KEY, PREFILL_VERSION_KEY, REQUEST_ID_KEY,

@@ -20,13 +20,13 @@
    again: a fresh decode state, the same params holder. Versions stay right because
    the engine counts its own generate steps (RollxEngine.insert), not the loop's.
 
-6. (console) 0.2.2's orchestrator imports seqio, and seqio TensorFlow, whose native code
-   writes INFO records straight to file descriptor 2 as it loads ("oneDNN custom
-   operations are on", "Could not find cuda drivers", CPU feature notes, a failed
-   cuInit on a host without a GPU). rollx never runs TensorFlow, so while the import
-   runs, fd 2 goes to a temporary file, and afterwards everything else in it is
-   written back (any error TensorFlow reports at import still shows). absl's
-   --verbosity=0 (INFO) leaves the import unfiltered.
+6. (memory, start-up, console) 0.2.2's orchestrator imports `token_utils`, which
+   imports seqio's vocabularies for SentencePiece text tokenization, and seqio imports
+   TensorFlow: 4 s and ~0.7 GB of RSS in every process that imports the server (the
+   servers and the trainer), and TensorFlow's native start-up records on fd 2. rollx
+   serves token ids and never tokenizes text in JetStream, so unless seqio is already
+   loaded, `seqio.vocabularies` is a stand-in module whose SentencePiece vocabulary
+   says so if anything tries to build one.
 
 5. (a setting, not a bug) 0.2.2's detokenize backlog holds 8 entries: the generate
    thread may dispatch 8 steps before the detokenize thread has seen the first one's
@@ -55,13 +55,12 @@ from __future__ import annotations
 
 import heapq
 import logging
-import re
+import sys
 import threading
 import traceback
+import types
 
 import jax
-
-from rollx import console
 
 _APPLIED = False
 DEAD_THREADS: list = []  # (thread name, exception text), appended by the patched run
@@ -83,8 +82,8 @@ def apply() -> None:
       jax.tree_map = jax.tree.map
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
-    with console.native_stderr_filtered(_IMPORT_NOISE):
-      from jetstream.core import orchestrator
+    _stand_in_for_seqio()
+    from jetstream.core import orchestrator
     root.setLevel(level)
     for h in root.handlers[:]:
       if h not in handlers:
@@ -111,14 +110,29 @@ def apply() -> None:
     _APPLIED = True
 
 
-# TensorFlow's native records at import (fix 6): absl's INFO and WARNING lines, its
-# notice that logging is not initialised yet, the continuation of the CPU feature note,
-# and the failed cuInit of a host without a GPU driver.
-_IMPORT_NOISE = re.compile(
-    r"^(?:[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\] "
-    r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
-    r"|To enable the following instructions: .* rebuild TensorFlow"
-    r"|E\d{4} [\d:.]+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit)")
+def _stand_in_for_seqio() -> None:
+  """`seqio.vocabularies` as JetStream 0.2.2 imports it, without TensorFlow (fix 6)."""
+  if "seqio" in sys.modules:
+    return
+  vocabularies = types.ModuleType("seqio.vocabularies")
+
+  class Vocabulary:  # what jetstream's mock vocabulary subclasses
+
+    def __init__(self, extra_ids: int = 0):
+      self._extra_ids = extra_ids
+
+  class SentencePieceVocabulary(Vocabulary):
+
+    def __init__(self, *args, **kwargs):
+      raise NotImplementedError(
+          "rollx serves token ids and does not load seqio (rollx.serving.compat): "
+          "JetStream's SentencePiece text tokenization is not available")
+
+  vocabularies.Vocabulary, vocabularies.SentencePieceVocabulary = (Vocabulary,
+                                                                   SentencePieceVocabulary)
+  seqio = types.ModuleType("seqio")
+  seqio.__path__, seqio.vocabularies = [], vocabularies
+  sys.modules["seqio"], sys.modules["seqio.vocabularies"] = seqio, vocabularies
 
 
 def set_detokenize_depth(driver, depth: int) -> None:

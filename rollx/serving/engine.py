@@ -8,7 +8,9 @@ next-token logits of every slot, its write position, and its sampling settings.
   stages it: no model call yet. In 0.2.2 prefill emits no token anyway: the first
   token comes from the next `generate`.
 - `insert` assigns a staged prompt to a slot with its sampling settings (train or
-  validation: requests of both kinds share the batch); host-side bookkeeping only.
+  validation: requests of both kinds share the batch) and its sampling key (from the
+  request's id: token i is drawn with fold_in(key, i), so a request's tokens do not
+  depend on the batch it shares or on when it arrived); host-side bookkeeping only.
 - `generate` first prefills every prompt inserted since the last step, in batches
   of `prefill_batch` rows (their KV caches written into their slots, their last
   logits stored), then samples one token for every slot from its stored logits and
@@ -54,6 +56,7 @@ import bisect
 import collections
 import dataclasses
 import threading
+import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -74,6 +77,13 @@ from rollx.serving import PREFILL_BUCKETS  # noqa: E402
 # `behaviour_logp_of`: the gRPC side reads a request's steps after it completes, which
 # can lag the generate loop by the detokenize backlog and a busy event loop.
 HISTORY_SLACK = 4096
+# Attention keys per prefill call at most (rows x keys per row; `RollxEngine._rows`): 8
+# rows of up to 1024 tokens, fewer for longer buckets and for continuations (whose
+# queries also attend to the slot's cache). Measured on configs/sokoban.py:multiturn
+# (4096-token buckets, the default model): prefills of 2 rows instead of 8 took the
+# server's peak RSS from 4.5 to 3.3 GB, continuations of 1 row instead of 2 from 2.7 to
+# 1.8 GB (with compat fix 6).
+PREFILL_TOKENS = 8192
 
 
 def _bucket(n: int) -> int:
@@ -138,6 +148,7 @@ class _Staged:
   slot: int
   prefix: Prefix
   sampling: Sampling
+  seed: int = 0  # the request's sampling seed (uint32)
   start: int = 0  # > 0: the keys/values of ids [0, start) are in the slot (KV reuse)
   conversation: Optional[_Conversation] = None
 
@@ -153,7 +164,9 @@ class SlotState:
   temperature: jax.Array  # [S]
   top_p: jax.Array  # [S]
   top_k: jax.Array  # [S]
-  rng: jax.Array
+  # [S, 2] uint32: the slot's request's sampling key; token i is drawn with
+  # fold_in(key, i), so a request's samples do not depend on what else is in the batch
+  keys: jax.Array
 
 
 class TokenIdsTokenizer(tokenizer_api.Tokenizer):
@@ -193,8 +206,9 @@ class TokenIdsTokenizer(tokenizer_api.Tokenizer):
     return set()
 
 
-def sample_tokens(logits_sv, temperature_s, top_p_s, top_k_s, rng):
-  """Per-slot temperature / top-k / top-p sampling; temperature 0 = argmax.
+def sample_tokens(logits_sv, temperature_s, top_p_s, top_k_s, keys_s):
+  """Per-slot temperature / top-k / top-p sampling, row s with key keys_s[s];
+  temperature 0 = argmax.
 
   Returns (tokens, behaviour log-probs): the log-prob of each token under the
   distribution it was drawn from, i.e. softmax(logits / T) truncated to the top-k / top-p
@@ -222,7 +236,7 @@ def sample_tokens(logits_sv, temperature_s, top_p_s, top_k_s, rng):
   # only pay for it when some slot asks for top-k / top-p.
   needs_filter = jnp.any((top_k_s > 0) | (top_p_s < 1.0))
   masked = jax.lax.cond(needs_filter, filtered, lambda: scaled)
-  sampled = jax.random.categorical(rng, masked, axis=-1)
+  sampled = jax.vmap(jax.random.categorical)(keys_s, masked)
   tokens = jnp.where(greedy, jnp.argmax(logits_sv, axis=-1), sampled).astype(jnp.int32)
   logp = jnp.take_along_axis(jax.nn.log_softmax(masked, axis=-1), tokens[:, None], axis=-1)[:, 0]
   return tokens, jnp.where(greedy, 0.0, logp)
@@ -253,7 +267,8 @@ class RollxEngine(engine_api.Engine):
     self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
     self.sampling = dict(sampling or {"train": Sampling(), "val": Sampling(temperature=0.0)})
     self._hf_tokenizer, self._pad_id, self._seed = hf_tokenizer, int(pad_id), seed
-    self._decode_inits = 0  # init_decode_state calls (a restarted loop gets new draws)
+    self._base_key = jax.random.PRNGKey(seed)
+    self._anonymous_requests = 0
     # Version of every generate step, stored as change points (first step, version):
     # versions change once per weight sync, steps run forever.
     self.num_steps = 0
@@ -276,8 +291,11 @@ class RollxEngine(engine_api.Engine):
     self.reused_tokens = 0  # prompt tokens whose keys/values were reused instead
     stop = jnp.asarray(self.stop_token_ids or (-1,), jnp.int32)
 
+    def request_keys(seed_n):
+      return jax.vmap(jax.random.fold_in, (None, 0))(self._base_key, seed_n)
+
     def prefill_into_slots(params, state: SlotState, tokens_nt, true_length_n, slot_n, temp_n,
-                           top_p_n, top_k_n):
+                           top_p_n, top_k_n, seed_n):
       """Prefills n prompts at once into their slots; rows with slot >= slots are padding
       (dropped by the scatters)."""
       logits, cache = llm.prefill(model, params, tokens_nt, true_length_n)  # cache [L,n,K,T,hd]
@@ -289,7 +307,7 @@ class RollxEngine(engine_api.Engine):
           logits=at(state.logits, logits), pos=at(state.pos, true_length_n),
           lengths=at(state.lengths, 0), done=at(state.done, False),
           temperature=at(state.temperature, temp_n), top_p=at(state.top_p, top_p_n),
-          top_k=at(state.top_k, top_k_n))
+          top_k=at(state.top_k, top_k_n), keys=at(state.keys, request_keys(seed_n)))
 
     def move_slot(state: SlotState, source, slot):
       """A conversation's keys/values from slot `source` to `slot` (its next turn's)."""
@@ -298,7 +316,7 @@ class RollxEngine(engine_api.Engine):
                                                           move(state.cache.v)))
 
     def extend_into_slots(params, state: SlotState, tokens_nt, start_n, length_n, slot_n,
-                          temp_n, top_p_n, top_k_n):
+                          temp_n, top_p_n, top_k_n, seed_n):
       """Continues n conversations whose slots hold their first `start` ids' keys/values:
       the new ids are prefilled onto them at positions start, start + 1, ...
       (llm.extend). Rows with slot >= slots are padding."""
@@ -318,11 +336,11 @@ class RollxEngine(engine_api.Engine):
           logits=at(state.logits, logits), pos=at(state.pos, start_n + length_n),
           lengths=at(state.lengths, 0), done=at(state.done, False),
           temperature=at(state.temperature, temp_n), top_p=at(state.top_p, top_p_n),
-          top_k=at(state.top_k, top_k_n))
+          top_k=at(state.top_k, top_k_n), keys=at(state.keys, request_keys(seed_n)))
 
     def generate_fn(params, state: SlotState, logp_totals):
-      rng, key = jax.random.split(state.rng)
-      tokens, logp = sample_tokens(state.logits, state.temperature, state.top_p, state.top_k, key)
+      keys = jax.vmap(jax.random.fold_in)(state.keys, state.lengths)
+      tokens, logp = sample_tokens(state.logits, state.temperature, state.top_p, state.top_k, keys)
       valid = ~state.done
       lengths = state.lengths + 1
       done = state.done | jnp.isin(tokens, stop)
@@ -330,7 +348,7 @@ class RollxEngine(engine_api.Engine):
       new = dataclasses.replace(
           state, cache=cache, logits=logits.astype(jnp.float32),
           pos=jnp.minimum(state.pos + 1, self.max_cache_length - 1), lengths=lengths,
-          done=done, rng=rng)
+          done=done)
       # column 3: the behaviour log-prob's float32 bits (JetStream reads columns 0-2)
       data = jnp.stack([tokens, valid.astype(jnp.int32), lengths,
                         jax.lax.bitcast_convert_type(logp.astype(jnp.float32), jnp.int32)], axis=1)
@@ -432,7 +450,7 @@ class RollxEngine(engine_api.Engine):
     from: the whole prompt, or, when the trajectory's previous turn left the keys/values
     of a prefix of these very ids in a slot (checked id by id), only the ids after it.
     The slot's previous conversation is gone either way."""
-    staged, source = _Staged(slot, prefix, sampling), slot
+    staged, source = _Staged(slot, prefix, sampling, self._sampling_seed(prefix.request)), slot
     trajectory = getattr(prefix.request, "trajectory_id", "")
     ids = np.asarray(prefix.tokens[:prefix.true_length])
     with self._conversation_lock:
@@ -450,6 +468,17 @@ class RollxEngine(engine_api.Engine):
             trajectory, ids, since, prefix.request)
         self._slot_of[trajectory] = slot
     return staged, source
+
+  def _sampling_seed(self, request) -> int:
+    """A request's sampling seed: from its id (and sampling mode) when it has one, so
+    that its tokens depend on the engine's seed, the request and the weights only, not on
+    what else shares the batch or when it arrived (a retried request draws the same);
+    else a fresh number."""
+    name = getattr(request, "request_id", "")
+    if name:
+      return zlib.crc32(f"{getattr(request, 'mode', '')}/{name}".encode())
+    self._anonymous_requests += 1
+    return zlib.crc32(f"#{self._anonymous_requests}".encode())
 
   def slot_was_used(self, slot: int) -> bool:
     """Whether a request ran in `slot` since JetStream last took it from its free slots
@@ -485,53 +514,78 @@ class RollxEngine(engine_api.Engine):
     """Compiles the decode step and the prefill for these prompt buckets (JetStream
     pads prompts to `PREFILL_BUCKETS`), on a scratch decode state."""
     weights = self.params_holder.get()[1]
-    inits = self._decode_inits
     state = self.init_decode_state()
-    self._decode_inits = inits  # the scratch state's draw is not a loop start
     state, _, totals = self._generate(weights, state, self._logp_totals)
-    n = self._prefill_batch
-    pad = np.full((n,), self._slots, np.int32)  # out-of-range slots: padding rows
-    sampling = np.ones((n,), np.float32), np.ones((n,), np.float32), np.zeros((n,), np.int32)
     for width in prompt_buckets:  # every row is padding (slot out of range): state unchanged
+      n = self._rows(width)
+      pad = np.full((n,), self._slots, np.int32)  # out-of-range slots: padding rows
+      sampling = (np.ones((n,), np.float32), np.ones((n,), np.float32), np.zeros((n,), np.int32),
+                  np.zeros((n,), np.uint32))
       state = self._prefill(weights, state, np.zeros((n, width), np.int32),
                             np.ones((n,), np.int32), pad, *sampling)
       if self.reuse_kv:  # a continuation's new ids take the same buckets
+        n = self._rows(width, extend=True)
         state = self._extend(weights, state, np.zeros((n, width), np.int32),
-                             np.zeros((n,), np.int32), np.ones((n,), np.int32), pad, *sampling)
+                             np.zeros((n,), np.int32), np.ones((n,), np.int32),
+                             np.full((n,), self._slots, np.int32), np.ones((n,), np.float32),
+                             np.ones((n,), np.float32), np.zeros((n,), np.int32),
+                             np.zeros((n,), np.uint32))
     if self.reuse_kv:
       state = self._move(state, np.int32(0), np.int32(0))
     jax.block_until_ready((state, totals))
 
-  def _extend_arrays(self, chunk: Sequence[_Staged]):
-    """Continuations as `prefill_batch` rows: their new ids (padded to a bucket), where
-    they start, how many, their slot, sampling."""
-    n = self._prefill_batch
-    width = max(_bucket(s.prefix.true_length - s.start) for s in chunk)
+  def _rows(self, width: int, extend: bool = False) -> int:
+    """Rows per prefill call of this width: `prefill_batch`, fewer for long prompts
+    (at most PREFILL_TOKENS keys a call: a call's activations and attention scores, not
+    the weights, set a server's peak memory; a continuation's queries also attend to
+    its slot's whole cache)."""
+    keys = width + (self.max_cache_length if extend else 0)
+    return max(1, min(self._prefill_batch, PREFILL_TOKENS // keys))
+
+  def _chunks(self, staged: Sequence[_Staged], width_of, extend: bool = False):
+    """`staged` in calls of one width each, `_rows(width)` rows at most: (width, chunk)."""
+    by_width: Dict[int, List[_Staged]] = {}
+    for s in staged:
+      by_width.setdefault(width_of(s), []).append(s)
+    for width in sorted(by_width):
+      group, n = by_width[width], self._rows(width, extend)
+      for i in range(0, len(group), n):
+        yield width, group[i:i + n]
+
+  def _extend_arrays(self, width: int, chunk: Sequence[_Staged]):
+    """Continuations as `_rows(width, extend=True)` rows: their new ids (padded to
+    `width`), where they start, how many, their slot, sampling."""
+    n = self._rows(width, extend=True)
     tokens = np.full((n, width), self._pad_id, np.int32)
     start, length = np.zeros((n,), np.int32), np.ones((n,), np.int32)
     slot = np.full((n,), self._slots, np.int32)
-    temp, top_p, top_k = np.ones((n,), np.float32), np.ones((n,), np.float32), np.zeros((n,), np.int32)
     for i, s in enumerate(chunk):
       new = s.prefix.tokens[s.start:s.prefix.true_length]
       tokens[i, :len(new)] = new
       start[i], length[i], slot[i] = s.start, len(new), s.slot
-      temp[i], top_p[i], top_k[i] = s.sampling.temperature, s.sampling.top_p, s.sampling.top_k
-    return tokens, start, length, slot, temp, top_p, top_k
+    return (tokens, start, length, slot) + self._sampling_arrays(n, chunk)
 
-  def _chunk_arrays(self, chunk: Sequence[_Staged]):
-    """Staged prompts as `prefill_batch` padded numpy rows (numpy, not jnp: an eager jnp
+  @staticmethod
+  def _sampling_arrays(n: int, chunk: Sequence[_Staged]):
+    """Per row: temperature, top-p, top-k, the request's sampling seed (padding: off)."""
+    temp, top_p = np.ones((n,), np.float32), np.ones((n,), np.float32)
+    top_k, seed = np.zeros((n,), np.int32), np.zeros((n,), np.uint32)
+    for i, s in enumerate(chunk):
+      temp[i], top_p[i], top_k[i] = s.sampling.temperature, s.sampling.top_p, s.sampling.top_k
+      seed[i] = s.seed
+    return temp, top_p, top_k, seed
+
+  def _chunk_arrays(self, width: int, chunk: Sequence[_Staged]):
+    """Staged prompts as `_rows(width)` padded numpy rows (numpy, not jnp: an eager jnp
     op is a dispatch of its own, queued behind the running step)."""
-    n = self._prefill_batch
-    width = max(len(s.prefix.tokens) for s in chunk)
+    n = self._rows(width)
     tokens = np.full((n, width), self._pad_id, np.int32)
     true_length = np.ones((n,), np.int32)
     slot = np.full((n,), self._slots, np.int32)  # out of range: padding rows are dropped
-    temp, top_p, top_k = np.ones((n,), np.float32), np.ones((n,), np.float32), np.zeros((n,), np.int32)
     for i, s in enumerate(chunk):
       tokens[i, :len(s.prefix.tokens)] = s.prefix.tokens
       true_length[i], slot[i] = s.prefix.true_length, s.slot
-      temp[i], top_p[i], top_k[i] = s.sampling.temperature, s.sampling.top_p, s.sampling.top_k
-    return tokens, true_length, slot, temp, top_p, top_k
+    return (tokens, true_length, slot) + self._sampling_arrays(n, chunk)
 
   def generate(self, params: VersionedParams, decode_state: SlotState):
     version, weights = params.get()
@@ -540,17 +594,13 @@ class RollxEngine(engine_api.Engine):
       if s.start and not self._unchanged_since(s.conversation.since, version):
         # the weights changed since the prefix was computed: prefill it all again
         s.start, s.conversation.since = 0, self.num_steps
-    full = [s for s in staged if not s.start]
-    continued = [s for s in staged if s.start]
-    # Same-bucket prompts share a chunk (JetStream pads each to its bucket).
-    full.sort(key=lambda s: len(s.prefix.tokens))
-    for i in range(0, len(full), self._prefill_batch):
-      decode_state = self._prefill(weights, decode_state,
-                                   *self._chunk_arrays(full[i:i + self._prefill_batch]))
-    continued.sort(key=lambda s: _bucket(s.prefix.true_length - s.start))
-    for i in range(0, len(continued), self._prefill_batch):
-      decode_state = self._extend(weights, decode_state,
-                                  *self._extend_arrays(continued[i:i + self._prefill_batch]))
+    # Same-bucket prompts share a call (JetStream pads each to its bucket).
+    for width, chunk in self._chunks([s for s in staged if not s.start],
+                                     lambda s: len(s.prefix.tokens)):
+      decode_state = self._prefill(weights, decode_state, *self._chunk_arrays(width, chunk))
+    for width, chunk in self._chunks([s for s in staged if s.start],
+                                     lambda s: _bucket(s.prefix.true_length - s.start), True):
+      decode_state = self._extend(weights, decode_state, *self._extend_arrays(width, chunk))
     self.prefilled_tokens += sum(s.prefix.true_length - s.start for s in staged)
     self.reused_tokens += sum(s.start for s in staged)
     # the running totals go through the jitted step: an eager add here cost ~1 ms a step
@@ -580,13 +630,12 @@ class RollxEngine(engine_api.Engine):
   def build_tokenizer(self, metadata) -> TokenIdsTokenizer:
     return TokenIdsTokenizer(self._hf_tokenizer, self._pad_id)
 
-  def _decode_rng(self) -> jax.Array:
-    # a restarted generate loop (compat fix 4) must not replay the first loop's draws
-    self._decode_inits += 1
-    key = jax.random.PRNGKey(self._seed)
-    return key if self._decode_inits == 1 else jax.random.fold_in(key, self._decode_inits)
-
   def init_decode_state(self, *args, **kwargs) -> SlotState:
+    """A fresh decode state (a generate loop's start or restart): no slot holds a
+    conversation's keys/values any more."""
+    with self._conversation_lock:
+      self._conversations.clear()
+      self._slot_of.clear()
     cfg, s = self.config, self._slots
     f32 = lambda *shape: jnp.zeros(shape, jnp.float32)
     state = SlotState(
@@ -594,7 +643,7 @@ class RollxEngine(engine_api.Engine):
         logits=f32(s, cfg.vocab_size), pos=jnp.zeros((s,), jnp.int32),
         lengths=jnp.zeros((s,), jnp.int32), done=jnp.ones((s,), bool),
         temperature=jnp.ones((s,), jnp.float32), top_p=jnp.ones((s,), jnp.float32),
-        top_k=jnp.zeros((s,), jnp.int32), rng=self._decode_rng())
+        top_k=jnp.zeros((s,), jnp.int32), keys=jnp.zeros((s, 2), jnp.uint32))
     return jax.device_put(state, self._replicated)
 
   @property

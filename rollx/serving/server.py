@@ -67,6 +67,7 @@ class RollxRequest(orchestrator.ActiveRequest):
   first_step: Optional[int] = None  # the engine's generate step that makes its first token
   slot: Optional[int] = None  # the decode slot that generates it
   trajectory_id: str = ""  # the conversation it continues ("": none)
+  mode: str = ""  # its sampling mode (a key of the engine's `sampling`)
   aborted: bool = False
 
   def __setattr__(self, name, value):
@@ -167,7 +168,8 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
         # `.shape`, so a list of token ids kills the prefill thread.
         prefill_content=np.asarray(request.token_content.token_ids, np.int32),
         is_client_side_tokenization=True, request_id=metadata.get(REQUEST_ID_KEY, ""),
-        sampling=self._engine.sampling[mode], trajectory_id=metadata.get(TRAJECTORY_KEY, ""))
+        sampling=self._engine.sampling[mode], trajectory_id=metadata.get(TRAJECTORY_KEY, ""),
+        mode=mode)
     try:
       self._driver.place_request_on_prefill_queue(active)
     except queue.Full:

@@ -239,25 +239,44 @@ def test_sampling_respects_top_k_top_p_and_greedy():
   n = logits.shape[0]
   ones = jnp.ones(n)
   # the behaviour log-prob is of the distribution sampled from: top-k 2 renormalises
-  tok, logp = sample_tokens(logits, ones, ones, jnp.full(n, 2, jnp.int32), jax.random.PRNGKey(0))
+  keys = lambda k: jax.random.split(jax.random.PRNGKey(k), n)  # one per row
+  tok, logp = sample_tokens(logits, ones, ones, jnp.full(n, 2, jnp.int32), keys(0))
   assert set(np.unique(tok)) == {0, 1}
   np.testing.assert_allclose(np.asarray(logp), np.log([0.5 / 0.8, 0.3 / 0.8])[np.asarray(tok)],
                              rtol=1e-6)
   tok, _ = sample_tokens(logits, ones, jnp.full(n, 0.7), jnp.zeros(n, jnp.int32),
-                         jax.random.PRNGKey(1))
+                         keys(1))
   assert set(np.unique(tok)) == {0, 1}  # 0.5 + 0.3 >= 0.7
-  tok, logp = sample_tokens(logits, ones, ones, jnp.zeros(n, jnp.int32), jax.random.PRNGKey(2))
+  tok, logp = sample_tokens(logits, ones, ones, jnp.zeros(n, jnp.int32), keys(2))
   assert abs(float(jnp.mean(tok == 0)) - 0.5) < 0.03 and set(np.unique(tok)) == {0, 1, 2, 3}
   np.testing.assert_allclose(np.asarray(logp), np.log([0.5, 0.3, 0.15, 0.05])[np.asarray(tok)],
                              rtol=1e-6)
   # temperature 0.5: softmax(logits / 0.5) = p^2 / sum p^2
   hot = np.array([0.5, 0.3, 0.15, 0.05]) ** 2
   tok, logp = sample_tokens(logits, jnp.full(n, 0.5), ones, jnp.zeros(n, jnp.int32),
-                            jax.random.PRNGKey(4))
+                            keys(4))
   np.testing.assert_allclose(np.asarray(logp), np.log(hot / hot.sum())[np.asarray(tok)], rtol=1e-5)
   tok, logp = sample_tokens(logits, jnp.zeros(n), ones, jnp.zeros(n, jnp.int32),
-                            jax.random.PRNGKey(3))
+                            keys(3))
   assert set(np.unique(tok)) == {0} and not np.asarray(logp).any()  # greedy: a point mass
+
+
+def test_a_requests_samples_depend_on_its_id_not_on_its_batch(server):
+  prompt = prompts(1, seed=21)[0]
+  alone = run(RolloutClient([server.address]).generate("same-id", prompt, 24))
+
+  async def crowded():
+    client = RolloutClient([server.address])
+    jobs = [client.generate(f"other{i}", p, 24) for i, p in enumerate(prompts(12, seed=22))]
+    jobs.insert(5, client.generate("same-id", prompt, 24))
+    jobs += [client.generate(f"id{i}", prompt, 24) for i in range(4)]
+    out = await asyncio.gather(*jobs)
+    await client.close()
+    return out
+
+  out = run(crowded())
+  assert out[5].token_ids == alone.token_ids  # other requests, other steps: the same draws
+  assert len({tuple(g.token_ids) for g in [alone] + out[-4:]}) > 1  # other ids, other draws
 
 
 def test_no_server_alive_is_a_clear_error():
