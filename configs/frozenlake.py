@@ -11,7 +11,9 @@ Expected:  (2026-11-26) greedy validation on 128 unseen maps, 30 min per seed: ~
            0.781 / 0.703, mean 0.944 / 0.912 / 0.930 over min 20-30. GAE
            (--config.adv_estimator=gae --config.drop_zero_advantage_samples=False
            --config.episode_reward_gamma=1.0), seed 1: first >= 0.8 at 11.8 min, lowest
-           after it 0.719, mean 0.871.
+           after it 0.719, mean 0.871. Async (--config.async_generation_ratio=1, the default
+           rollout correction), seed 1, beside sync on one loaded host (2026-11-27): both
+           first >= 0.8 at step 200, async at 33.3 min, sync at 43.5.
 
 Every env step is one sample whose prompt is the current grid and a line naming the tile
 next to P in each direction; GRPO credits every step with its episode's discounted score,

@@ -150,7 +150,13 @@ class ServerGroup:
       return
     ref = ray.put(params)
     ray.get(self.board.publish.remote(version, [ref]))
-    ray.get([a.update_params.remote(ref, version, abort_in_flight) for a in self.actors])
+    pushes = [a.update_params.remote(ref, version, abort_in_flight) for a in self.actors]
+    for address, push in zip(self.addresses, pushes):
+      try:
+        ray.get(push)
+      except ray.exceptions.RayActorError as e:  # dead, and its restarts are used up
+        cause = str(e).strip().splitlines()[0]
+        raise RolloutError(f"rollout server {address} died and cannot restart: {cause}") from None
 
   def versions(self) -> List[int]:
     return ray.get([a.version.remote() for a in self.actors])
@@ -183,7 +189,8 @@ def start_servers(config: ml_collections.ConfigDict, num_servers: Optional[int] 
   board = ray.remote(num_cpus=0)(ServerBoard).remote()
   actor_cls = ray.remote(num_cpus=0, resources=resources, max_restarts=s.max_restarts,
                          max_task_retries=-1 if s.max_restarts else 0)(ServerActor)
-  actors = [actor_cls.remote(config.to_dict(), i, board, host) for i in range(n)]
+  with console.native_stderr_filtered(_BY_REFERENCE_NOTICE):  # see start_rollout
+    actors = [actor_cls.remote(config.to_dict(), i, board, host) for i in range(n)]
   addresses = ray.get([a.address.remote() for a in actors])
   return ServerGroup(actors, distributed.broadcast_object(addresses), board)
 

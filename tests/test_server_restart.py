@@ -15,10 +15,10 @@ from rollx.errors import RolloutError
 from tests.conftest import ROOT
 
 
-def small_run(tmp_path, **server_args):
+def small_run(tmp_path, kill_after_s=0.5, **server_args):
   """A 3-step FrozenLake pipeline (16 episodes a step, one server) and a list that
   records, per step, (batch, collection start, end); step 1's collection kills the
-  server 0.5 s in, and `killed` gets the time."""
+  server `kill_after_s` in, and `killed` gets the time."""
   from rollx.pipeline import AgenticPipeline
   c = config_lib.load_file(os.path.join(ROOT, "configs", "frozenlake.py"))
   c.update(max_steps=3, rollout_batch_size=16, eval_steps=0, min_informative_groups=0,
@@ -35,7 +35,7 @@ def small_run(tmp_path, **server_args):
 
   def collect_and_kill(metrics):
     if pipeline.step == 1:  # once the step's episodes are under way
-      threading.Timer(0.5, lambda: (os.kill(first_pid, signal.SIGKILL),
+      threading.Timer(kill_after_s, lambda: (os.kill(first_pid, signal.SIGKILL),
                                     killed.append(time.time()))).start()
     start = time.time()
     out = collect(metrics)
@@ -74,7 +74,8 @@ def test_killing_the_only_server_mid_collection_does_not_end_the_run(tmp_path):
 
 
 def test_a_server_that_cannot_restart_ends_the_run_with_one_line_and_a_checkpoint(tmp_path):
-  pipeline, _, collected, _ = small_run(tmp_path, max_restarts=0, restart_timeout_s=3.0)
+  # killed as step 1's collection starts: its requests find no server, and none comes back
+  pipeline, _, collected, _ = small_run(tmp_path, 0.0, max_restarts=0, restart_timeout_s=3.0)
   address = pipeline.servers.addresses[0]
   with pytest.raises(RolloutError) as failure:
     pipeline.run()
