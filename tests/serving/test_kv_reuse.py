@@ -75,8 +75,8 @@ def test_multi_turn_conversations_reuse_every_earlier_turn_and_stay_exact():
     async def go():
       client = RolloutClient([srv.address])
       rng = np.random.default_rng(0)
-      runs = await asyncio.gather(*[conversation(client, f"t{i}", rng.integers(0, 96, 5 + 7 * i),
-                                                 4, rng=np.random.default_rng(i)) for i in range(6)])
+      runs = await asyncio.gather(*[conversation(client, f"t{i}", rng.integers(0, 96, 5 + 9 * i),
+                                                 3, rng=np.random.default_rng(i)) for i in range(4)])
       await client.close()
       return runs
     runs = asyncio.run(go())
