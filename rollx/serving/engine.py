@@ -266,7 +266,7 @@ class RollxEngine(engine_api.Engine):
     self.max_cache_length = int(max_cache_length)
     self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
     self.sampling = dict(sampling or {"train": Sampling(), "val": Sampling(temperature=0.0)})
-    self._hf_tokenizer, self._pad_id, self._seed = hf_tokenizer, int(pad_id), seed
+    self._hf_tokenizer, self._pad_id = hf_tokenizer, int(pad_id)
     self._base_key = jax.random.PRNGKey(seed)
     self._anonymous_requests = 0
     # Version of every generate step, stored as change points (first step, version):
