@@ -49,6 +49,7 @@ class TextEnv(gymnasium.Env):
 
   ACTIONS: ClassVar[Tuple[str, ...]] = ()
   Config: ClassVar[type] = TextEnvConfig
+  MAX_OBSERVATION_CHARS: ClassVar[int] = 4096
   env_type: ClassVar[str] = ""  # set by @register_env
   metadata = {"render_modes": list(RENDER_MODES), "render_fps": 4}
 
@@ -64,7 +65,7 @@ class TextEnv(gymnasium.Env):
     self.render_mode = render_mode
     self.action_space = gymnasium.spaces.Text(max_length=parsing.MAX_RESPONSE_CHARS)
     self.observation_space = gymnasium.spaces.Text(
-        max_length=4096, charset=self.observation_charset())
+        max_length=self.MAX_OBSERVATION_CHARS, charset=self.observation_charset())
     self.num_steps = 0
     self.num_invalid_actions = 0
     self.num_ineffective_actions = 0
@@ -77,6 +78,11 @@ class TextEnv(gymnasium.Env):
 
   def observation_charset(self) -> str:
     raise NotImplementedError
+
+  def parse(self, action_text) -> Optional[str]:
+    """The canonical action `action_text` names, or None (an invalid action). Envs with
+    a fixed action set keep this; envs whose actions take arguments override it."""
+    return parsing.parse_action(action_text, self.ACTIONS, self.config.action_pattern)
 
   def _new_episode(self, seed: int) -> None:
     """Builds the level for `seed` (same seed -> same level)."""
@@ -125,7 +131,7 @@ class TextEnv(gymnasium.Env):
     if self.done:
       raise RuntimeError(f"{type(self).__name__}.step() called on a finished "
                          "episode; call reset() first")
-    action = parsing.parse_action(action_text, self.ACTIONS, self.config.action_pattern)
+    action = self.parse(action_text)
     self.num_steps += 1
     if action is None:
       self.num_invalid_actions += 1

@@ -15,10 +15,12 @@ from rollx.errors import RolloutError
 from tests.conftest import ROOT
 
 
-def small_run(tmp_path, kill_after_s=0.5, **server_args):
+def small_run(tmp_path, kill_after_s=0.1, **server_args):
   """A 3-step FrozenLake pipeline (16 episodes a step, one server) and a list that
   records, per step, (batch, collection start, end); step 1's collection kills the
-  server `kill_after_s` in, and `killed` gets the time."""
+  server `kill_after_s` in, and `killed` gets the time. A sync step's episodes start when
+  its collection does and take far longer than 0.1 s together (seen at 0.8 s on a fast
+  machine), so the kill lands while they still need the server."""
   from rollx.pipeline import AgenticPipeline
   c = config_lib.load_file(os.path.join(ROOT, "configs", "frozenlake.py"))
   c.update(max_steps=3, rollout_batch_size=16, eval_steps=0, min_informative_groups=0,

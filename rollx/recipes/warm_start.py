@@ -195,7 +195,6 @@ def format_rate(model_dir: str, entries=WARM_START_ENVS, num_prompts: int = 32,
   """Share of sampled (temperature 1) first answers that parse as a valid action."""
   from rollx import models
   from rollx.models import llm
-  from envs import parsing
   loaded = models.load_model(model_dir)
   tokenizer = hf.load_tokenizer(model_dir)
   rng = jax.random.PRNGKey(seed)
@@ -210,7 +209,7 @@ def format_rate(model_dir: str, entries=WARM_START_ENVS, num_prompts: int = 32,
                          int(entry["max_tokens_per_step"]), tokenizer.eos_token_id,
                          temperature=1.0, rng=key)
       text = tokenizer.decode(out, skip_special_tokens=True)
-      valid += parsing.parse_action(text, env.ACTIONS, env.config.action_pattern) is not None
+      valid += env.parse(text) is not None
       total += 1
   return valid / total
 

@@ -1,0 +1,277 @@
+"""WebShop as a text env: search a shop, open products, choose options, buy.
+
+Pages and actions follow WebShop (Yao et al. 2022, github.com/princeton-nlp/WebShop):
+
+- search page: `search[query]`;
+- results (10 per page of the top 50): products as `[asin] title | price`, and
+  `[Back to Search]`, `[Next >]`, `[< Prev]`;
+- item page: title, price, option groups whose values are clickable, `[Description]`,
+  `[Features]`, `[< Prev]`, `[Back to Search]`, `[Buy Now]`;
+- the Description / Features sub-pages: their text, `[< Prev]`, `[Back to Search]`.
+
+An action is `search[...]` or `click[...]` inside the env's `action_pattern`
+(`<answer>click[buy now]</answer>`). Every clickable element of a page is written in
+square brackets in its observation (WebShop's `available_actions`, also in
+`info["available_actions"]`); clicks match case-insensitively. A click on anything
+else, a search where the page has no search bar, or text that names no action is an
+invalid action: nothing changes and the reward is the format penalty. `Buy Now` ends
+the episode with WebShop's reward (envs.webshop_data.reward); success is reward 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+import textwrap
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from envs import base, webshop_data
+from envs.registry import register_env
+
+BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE = "Back to Search", "Next >", "< Prev"
+BUY_NOW, SUB_PAGES = "Buy Now", ("Description", "Features")
+MAX_QUERY_CHARS = 256  # a longer search[...] is an invalid action
+_ACTION = re.compile(r"\s*(search|click)\s*\[(.*)\]\s*", re.IGNORECASE | re.DOTALL)
+
+
+@dataclasses.dataclass
+class WebShopConfig(base.TextEnvConfig):
+  max_steps: int = 15  # as in the GiGPO / verl-agent WebShop setups
+  format_penalty: float = -0.1
+  # WebShop's original files (items_shuffle*.json, items_ins_v2*.json, and with
+  # human_goals items_human_ins*.json); None: the synthetic catalog that ships.
+  data_dir: Optional[str] = None
+  human_goals: bool = False  # goals from the human instructions (needs data_dir)
+  num_products: int = 3000  # synthetic catalog size; with data_dir, the first N (0 = all)
+  catalog_seed: int = 0  # the synthetic catalog's seed
+  split: str = "train"  # goals of train or validation products (disjoint), or all
+  results_per_page: int = 10  # WebShop: 10
+  max_title_chars: int = 0  # titles cut to this many characters on results pages; 0 = whole
+
+
+@register_env("WebShop")
+class WebShop(base.TextEnv):
+  Config = WebShopConfig
+  MAX_OBSERVATION_CHARS = 16384
+
+  def __init__(self, config: Optional[WebShopConfig] = None, render_mode=None):
+    super().__init__(config, render_mode)
+    cfg = self.config
+    if cfg.data_dir:
+      self.catalog = webshop_data.load_catalog(cfg.data_dir, cfg.human_goals,
+                                               cfg.num_products or None)
+    else:
+      self.catalog = webshop_data.synthetic_catalog(cfg.num_products, cfg.catalog_seed)
+    self._goals = self.catalog.goals(cfg.split)
+    if not self._goals:
+      raise ValueError(f"WebShop split {cfg.split!r} of {self.catalog.source} has no goals")
+    self.goal: Optional[webshop_data.Goal] = None
+    self.page = "search"
+    self.keywords = ""
+    self.results: List[str] = []
+    self.result_page = 1
+    self.asin: Optional[str] = None
+    self.chosen: Dict[str, str] = {}
+    self.last_reward_info: Dict[str, float] = {}
+
+  def check_config(self) -> None:
+    cfg = self.config
+    if cfg.split not in ("train", "validation", "all"):
+      raise ValueError(f"WebShop split must be train, validation or all, got {cfg.split!r}")
+    if cfg.results_per_page < 1:
+      raise ValueError(f"WebShop results_per_page must be >= 1, got {cfg.results_per_page}")
+    if cfg.human_goals and not cfg.data_dir:
+      raise ValueError("WebShop human_goals needs data_dir (the original "
+                       "items_human_ins.json)")
+
+  def observation_charset(self) -> str:
+    return string.printable + "›|$"
+
+  # -- the episode ------------------------------------------------------------
+  def _new_episode(self, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    self.goal = self._goals[int(rng.integers(len(self._goals)))]
+    self.page, self.keywords, self.results, self.result_page = "search", "", [], 1
+    self.asin, self.chosen, self.last_reward_info = None, {}, {}
+
+  @property
+  def instruction(self) -> str:
+    return self.goal.instruction
+
+  @property
+  def product(self) -> Optional[webshop_data.Product]:
+    return self.catalog.by_asin.get(self.asin) if self.asin else None
+
+  def clickables(self) -> List[str]:
+    """The page's clickable elements, as the observation shows them."""
+    if self.page == "search":
+      return []
+    if self.page == "results":
+      out = [BACK_TO_SEARCH]
+      if self.result_page > 1:
+        out.append(PREV_PAGE)
+      if self.result_page * self.config.results_per_page < len(self.results):
+        out.append(NEXT_PAGE)
+      return out + self._page_asins()
+    if self.page == "item":
+      values = [v for vs in self.product.options.values() for v in vs]
+      return [BACK_TO_SEARCH, PREV_PAGE, *SUB_PAGES, *values, BUY_NOW]
+    return [BACK_TO_SEARCH, PREV_PAGE]  # a sub-page
+
+  def available_actions(self) -> Dict[str, object]:
+    return {"has_search_bar": self.page == "search", "clickables": self.clickables()}
+
+  def _page_asins(self) -> List[str]:
+    n = self.config.results_per_page
+    return self.results[(self.result_page - 1) * n:self.result_page * n]
+
+  def parse(self, action_text) -> Optional[str]:
+    """`search[query]` (on the search page) or `click[element]` (an element the page
+    shows, case-insensitive) in canonical form, else None."""
+    if not isinstance(action_text, str):
+      return None
+    from envs import parsing
+    match = parsing.compile_action_pattern(self.config.action_pattern).search(
+        action_text[:parsing.MAX_RESPONSE_CHARS])
+    if match is None or match.group(1) is None:
+      return None
+    action = _ACTION.fullmatch(match.group(1))
+    if action is None:
+      return None
+    verb, argument = action.group(1).lower(), " ".join(action.group(2).split())
+    if verb == "search":
+      ok = self.page == "search" and argument and len(argument) <= MAX_QUERY_CHARS
+      return f"search[{argument}]" if ok else None
+    for element in self.clickables():
+      if argument.lower() == element.lower():
+        return f"click[{element}]"
+    return None
+
+  def _apply(self, action: str) -> Tuple[float, bool, bool]:
+    verb, argument = action[:-1].split("[", 1)
+    if verb == "search":
+      self.keywords = argument
+      self.results = self.catalog.search(argument)
+      self.page, self.result_page = "results", 1
+      return 0.0, False, False
+    if argument == BACK_TO_SEARCH:
+      self.page, self.asin, self.chosen = "search", None, {}
+    elif argument == NEXT_PAGE:
+      self.result_page += 1
+    elif argument == PREV_PAGE:
+      if self.page == "results":
+        self.result_page -= 1
+      elif self.page == "item":
+        self.page, self.asin, self.chosen = "results", None, {}
+      else:
+        self.page = "item"
+    elif self.page == "results":  # a product
+      self.page, self.asin, self.chosen = "item", argument, {}
+    elif argument in SUB_PAGES:
+      self.page = argument
+    elif argument == BUY_NOW:
+      reward, self.last_reward_info = webshop_data.reward(
+          self.product, self.goal, self.catalog.by_asin[self.goal.asin], self.chosen)
+      return float(reward), True, reward >= 1.0 - 1e-9
+    else:  # an option value: selects it in its group
+      group = next(g for g, vs in self.product.options.items() if argument in vs)
+      self.chosen[group] = argument
+    return 0.0, False, False
+
+  # -- rendering ----------------------------------------------------------------
+  def render_text(self) -> str:
+    lines = [f"Instruction: {self.goal.instruction}"]
+    if self.page == "search":
+      lines.append("[Search]")
+    elif self.page == "results":
+      total = len(self.results)
+      pages = max(1, -(-total // self.config.results_per_page))
+      lines.append(f"Results for {self.keywords} (page {self.result_page} of {pages}, "
+                   f"{total} products)")
+      buttons = [BACK_TO_SEARCH] + [b for b in (PREV_PAGE, NEXT_PAGE) if b in self.clickables()]
+      lines.append(" ".join(f"[{b}]" for b in buttons))
+      cut = self.config.max_title_chars
+      for asin in self._page_asins():
+        product = self.catalog.by_asin[asin]
+        title = product.title[:cut] if cut else product.title
+        lines.append(f"[{asin}] {title} | {product.price_tag}")
+    elif self.page == "item":
+      product = self.product
+      lines.append(f"[{BACK_TO_SEARCH}] [{PREV_PAGE}]")
+      lines.append(f"{product.title} | Price: {product.price_tag}")
+      for group, values in product.options.items():
+        shown = " ".join(f"[{v}]" for v in values)
+        picked = f" (chosen: {self.chosen[group]})" if group in self.chosen else ""
+        lines.append(f"{group}: {shown}{picked}")
+      lines.append(" ".join(f"[{b}]" for b in (*SUB_PAGES, BUY_NOW)))
+    else:
+      product = self.product
+      lines.append(f"[{BACK_TO_SEARCH}] [{PREV_PAGE}]")
+      lines.append(product.description if self.page == "Description"
+                   else "\n".join(product.features))
+    return "\n".join(lines)
+
+  def render_rgb(self) -> np.ndarray:
+    """The page's text on a white 640 x 480 image (validation GIFs)."""
+    from PIL import Image, ImageDraw
+    image = Image.new("RGB", (640, 480), (255, 255, 255))
+    draw = ImageDraw.Draw(image)
+    wrapped = [part for line in self.render_text().split("\n")
+               for part in (textwrap.wrap(line, 100) or [""])]
+    for i, line in enumerate(wrapped[:36]):
+      draw.text((6, 4 + 13 * i), line.encode("latin-1", "replace").decode("latin-1"),
+                fill=(20, 20, 20))
+    return np.asarray(image)
+
+  @property
+  def instructions(self) -> str:
+    return ("You are shopping on WebShop for the item the instruction describes. On the "
+            "search page, search with <answer>search[your keywords]</answer>. On other "
+            "pages, click an element shown in square brackets with "
+            "<answer>click[element]</answer>: a product id to open it, an option value to "
+            "choose it, Buy Now to buy the open product with the chosen options.")
+
+  def sample_valid_response(self, rng: np.random.Generator) -> str:
+    """A uniformly random valid action: on the search page a search for a few of the
+    instruction's words, elsewhere a uniformly random clickable."""
+    if self.page == "search":
+      words = self.goal.instruction.split()
+      k = int(rng.integers(1, min(6, len(words)) + 1))
+      start = int(rng.integers(0, len(words) - k + 1))
+      return f"<answer>search[{' '.join(words[start:start + k])}]</answer>"
+    clickables = self.clickables()
+    return f"<answer>click[{clickables[int(rng.integers(len(clickables)))].lower()}]</answer>"
+
+
+def oracle_response(env: WebShop) -> str:
+  """An oracle's next action (it reads the goal): search the instruction, open the first
+  result the goal's product-type and attributes fit (the goal's own product if listed),
+  choose the goal's options, buy; `Next >` while no result fits."""
+  goal = env.goal
+  if env.page == "search":
+    return f"<answer>search[{goal.instruction}]</answer>"
+  if env.page == "results":
+    target = env.catalog.by_asin[goal.asin]
+    page = env._page_asins()
+    for asin in page:
+      product = env.catalog.by_asin[asin]
+      chosen = _options_for(product, goal)
+      if asin == goal.asin or webshop_data.reward(product, goal, target, chosen)[0] >= 1.0:
+        return f"<answer>click[{asin}]</answer>"
+    if NEXT_PAGE in env.clickables():
+      return f"<answer>click[{NEXT_PAGE}]</answer>"
+    return f"<answer>click[{page[0] if page else BACK_TO_SEARCH}]</answer>"
+  if env.page == "item":
+    for group, value in _options_for(env.product, goal).items():
+      if env.chosen.get(group) != value:
+        return f"<answer>click[{value}]</answer>"
+    return f"<answer>click[{BUY_NOW}]</answer>"
+  return f"<answer>click[{PREV_PAGE}]</answer>"
+
+
+def _options_for(product: webshop_data.Product, goal: webshop_data.Goal) -> Dict[str, str]:
+  wanted = {o.lower() for o in goal.options}
+  return {g: v for g, vs in product.options.items() for v in vs if v in wanted}

@@ -1,0 +1,253 @@
+"""WebShop: the reward's terms by hand, the pages and actions, the original file format,
+an oracle and a random policy, and fuzzed actions."""
+
+import json
+import os
+
+import gymnasium
+import numpy as np
+import pytest
+
+import envs
+from envs import webshop, webshop_data
+
+
+def product(asin="B1", title="Acorn Gluten Free Rice Crackers", query="crackers",
+            crumbs="Grocery › Snacks › Crackers", attributes=("gluten free", "non gmo"),
+            options=None, price=12.0, features=("Gluten free",), description="Crunchy."):
+  return webshop_data.Product(
+      asin=asin, title=title, category="grocery", query=query, product_category=crumbs,
+      description=description, features=tuple(features), attributes=tuple(attributes),
+      options=options if options is not None else {"size": ("6 pack", "12 pack"),
+                                                   "flavor": ("sea salt", "cheddar")},
+      price=price, price_tag=f"${price}")
+
+
+def goal(attributes=("gluten free", "non gmo"), options=("12 pack", "cheddar"), upper=20.0):
+  return webshop_data.Goal(asin="B1", instruction="i need crackers", attributes=attributes,
+                           options=options, price_upper=upper)
+
+
+def test_the_reward_of_a_perfect_purchase_is_one_and_each_term_counts():
+  target = product()
+  full, info = webshop_data.reward(target, goal(), target, {"size": "12 pack", "flavor": "cheddar"})
+  assert full == 1.0 and info["r_type"] == 1.0
+  # 2 attributes + 2 options + price = 5 terms; each miss costs 1/5
+  wrong_size, _ = webshop_data.reward(target, goal(), target, {"size": "6 pack", "flavor": "cheddar"})
+  assert wrong_size == pytest.approx(4 / 5)
+  no_options, _ = webshop_data.reward(target, goal(), target, {})
+  assert no_options == pytest.approx(3 / 5)
+  too_dear, _ = webshop_data.reward(target, goal(upper=10.0), target,
+                                    {"size": "12 pack", "flavor": "cheddar"})
+  assert too_dear == pytest.approx(4 / 5)
+  # an attribute the product lacks (neither in its list nor its text)
+  vegan, _ = webshop_data.reward(target, goal(attributes=("gluten free", "vegan")), target,
+                                 {"size": "12 pack", "flavor": "cheddar"})
+  assert vegan == pytest.approx(4 / 5)
+
+
+def test_attribute_and_option_matching_rules():
+  target = product()
+  # fuzzy attribute match (token-set ratio > 85): word order does not matter
+  fuzzy = product(attributes=("free gluten", "non gmo"))
+  assert webshop_data.reward(fuzzy, goal(), target, {"size": "12 pack", "flavor": "cheddar"})[0] == 1.0
+  # an attribute named only in the description still matches
+  in_text = product(attributes=(), features=(), description="Non gmo and gluten free.")
+  assert webshop_data.reward(in_text, goal(), target, {"size": "12 pack", "flavor": "cheddar"})[0] == 1.0
+  # size matches exactly only: "12 packs" is not "12 pack"; flavour fuzzily
+  r, info = webshop_data.reward(target, goal(options=("12 pack", "cheddar cheese")), target,
+                                {"size": "12 packs", "flavor": "cheddar"})
+  assert info["r_options"] == 0.5 and r == pytest.approx(4 / 5)
+  # a goal option counts once however many chosen options could claim it
+  r, info = webshop_data.reward(target, goal(options=("cheddar",)), target,
+                                {"size": "cheddar", "flavor": "cheddar"})
+  assert info["r_options"] == 1.0 and r == 1.0
+  # an option value the product's title names counts (WebShop's rule)
+  titled = product(title="Acorn Gluten Free Rice Crackers Sea Salt")
+  r, _ = webshop_data.reward(titled, goal(options=("cheddar",)), titled, {"flavor": "sea salt"})
+  assert r == 1.0
+
+
+@pytest.mark.parametrize("title, query, crumbs, r_type", [
+    ("Acorn Gluten Free Rice Crackers", "crackers", "Grocery › Snacks › Crackers", 1.0),
+    # same type words, other query and category: title score 1 > 0.2
+    ("Rice Crackers Acorn", "chips", "Home › Kitchen", 1.0),
+    # 1 of 5 type words (0.2, not > 0.2), no query or category match
+    ("Crackers Tin", "tins", "Home › Kitchen", 0.5),
+    # same query, 1 of 5 words: query match keeps 1
+    ("Crackers Tin", "crackers", "Home › Kitchen", 1.0),
+    # no shared type word at all
+    ("Bluebell Office Chair", "crackers", "Grocery › Snacks › Crackers", 0.0),
+])
+def test_the_product_type_factor(title, query, crumbs, r_type):
+  target = product()
+  bought = product(asin="B2", title=title, query=query, crumbs=crumbs)
+  _, info = webshop_data.reward(bought, goal(), target, {})
+  assert info["r_type"] == r_type
+
+
+def test_type_factor_below_a_tenth():
+  target = product(title="Acorn Gluten Free Rice Crackers Snack Mix Bag Party Size Box Tin Jar")
+  bought = product(asin="B2", title="Jar Lid", query="lids", crumbs="Home › Kitchen")
+  _, info = webshop_data.reward(bought, goal(), target, {})
+  assert info["title_score"] < 0.1 and info["r_type"] == 0.1
+
+
+def play(env, policy, seed, rng):
+  env.reset(seed=seed)
+  while True:
+    response = webshop.oracle_response(env) if policy == "oracle" else env.sample_valid_response(rng)
+    _, r, terminated, truncated, info = env.step(response)
+    if terminated or truncated:
+      return (r if terminated else 0.0), info["success"], env.num_steps
+
+
+def test_an_oracle_buys_the_goal_on_validation_and_a_random_policy_rarely_does():
+  env = envs.make_env("WebShop", {"split": "validation"})
+  goals = env.catalog.validation_goals
+  assert len(goals) >= 250
+  oracle = [play(env, "oracle", seed, None) for seed in range(len(goals))]
+  assert np.mean([s for _, s, _ in oracle]) >= 0.95
+  rng = np.random.default_rng(0)
+  random = [play(env, "random", seed, rng) for seed in range(300)]
+  assert np.mean([s for _, s, _ in random]) < 0.1 and 0 < np.mean([r for r, _, _ in random]) < 0.5
+
+
+def test_training_and_validation_goals_come_from_disjoint_products():
+  catalog = webshop_data.synthetic_catalog(3000, 0)
+  train = {g.asin for g in catalog.train_goals}
+  validation = {g.asin for g in catalog.validation_goals}
+  assert train and validation and not train & validation
+  assert len(catalog.products) == 3000 and len({p.category for p in catalog.products}) == 10
+  again = webshop_data.synthetic_records(50, 0)
+  assert again == webshop_data.synthetic_records(50, 0)  # deterministic
+  assert again != webshop_data.synthetic_records(50, 1)
+
+
+def test_pages_and_actions():
+  env = gymnasium.make("rollx/WebShop-v0", split="validation").unwrapped
+  obs, _ = env.reset(seed=3)
+  assert obs.startswith("Instruction: ") and "[Search]" in obs
+  _, r, _, _, info = env.step("<answer>click[Next >]</answer>")  # no such element here
+  assert not info["action_is_valid"] and r == env.config.format_penalty
+  obs, _, _, _, info = env.step(f"<answer>search[{env.goal.instruction}]</answer>")
+  assert info["action_is_valid"] and env.page == "results"
+  asins = env._page_asins()
+  assert len(asins) == 10 and all(f"[{a}]" in obs for a in asins) and "[Next >]" in obs
+  assert env.available_actions() == {"has_search_bar": False, "clickables": env.clickables()}
+  assert not env.step("<answer>search[more]</answer>")[4]["action_is_valid"]  # no search bar
+  env.step("<answer>CLICK[next >]</answer>")  # case-insensitive
+  assert env.result_page == 2 and "[< Prev]" in env.render_text()
+  env.step("<answer>click[< prev]</answer>")
+  assert env.result_page == 1
+  obs, *_ = env.step(f"<answer>click[{asins[0].lower()}]</answer>")
+  assert env.page == "item" and env.catalog.by_asin[asins[0]].title in obs
+  obs, *_ = env.step("<answer>click[Features]</answer>")
+  assert env.page == "Features" and env.product.features[0] in obs
+  env.step("<answer>click[< Prev]</answer>")
+  assert env.page == "item"
+  env.step("<answer>click[< Prev]</answer>")
+  assert env.page == "results"
+  env.step("<answer>click[Back to Search]</answer>")
+  assert env.page == "search"
+  frame = env.render("rgb_array")
+  assert frame.shape == (480, 640, 3) and frame.min() < 255
+
+
+def test_fuzzed_actions_never_raise_and_random_episodes_stay_within_max_steps():
+  env = envs.make_env("WebShop", {"max_steps": 15})
+  rng = np.random.default_rng(7)
+  env.reset(seed=0)
+  env.step(f"<answer>search[{env.goal.instruction}]</answer>")
+  fuzz = ["", "<answer></answer>", "<answer>click[</answer>", "<answer>click[]</answer>",
+          "<answer>search[]</answer>", "<answer>click[B99999]</answer>", "click[buy now]",
+          "<answer>clíck[ünïcødé ✓]</answer>", "<answer>click[" + "x" * 10_000 + "]</answer>",
+          "<answer>search[" + "y" * 10_000 + "]</answer>", None, 42, "<answer>click[[x]]</answer>",
+          "<answer>buy[now]</answer>"]
+  for text in fuzz:
+    if env.done:
+      env.reset(seed=1)
+    _, _, _, _, info = env.step(text)
+    assert not info["action_is_valid"], text
+  for episode in range(1000):
+    env.reset(seed=episode)
+    done = False
+    while not done:
+      if rng.random() < 0.2:
+        response = "<answer>click[" + "".join(rng.choice(list("ab[]< >")) for _ in range(5)) + "]"
+      else:
+        response = env.sample_valid_response(rng)
+      _, _, terminated, truncated, _ = env.step(response)
+      done = terminated or truncated
+    assert env.num_steps <= 15
+
+
+def test_the_loader_reads_webshops_original_file_format(tmp_path):
+  records = [
+      {"asin": "B000TEST01", "name": "Pine Soy Candle", "category": "home",
+       "query": "Candles ", "product_category": "Home › Decor › Candles",
+       "full_description": "A pine scented candle.", "small_description": "Burns 40 hours",
+       "pricing": "$10.00$20.00", "images": ["x.jpg"],
+       "customization_options": {"Size": [{"value": "8 oz/Large", "image": None}]}},
+      {"asin": "nan", "name": "skipped", "pricing": "", "customization_options": None},
+      {"asin": "B000TEST02", "name": "Cedar Candle", "category": "home", "query": "candles",
+       "product_category": "Home › Decor", "full_description": "", "small_description": [],
+       "pricing": "", "images": [""], "customization_options": None},
+  ]
+  instructions = {
+      "B000TEST01": {"attributes": ["soy wax", "long lasting"],
+                     "instruction": "i want a long lasting soy wax candle.",
+                     "instruction_attributes": ["soy wax"],
+                     "instruction_options": {"size": "8 oz | large"}},
+      "B000TEST02": {"attributes": ["cedar"], "instruction": "a cedar candle",
+                     "instruction_attributes": []},  # no attributes: skipped, as in WebShop
+  }
+  human = {"B000TEST01": [{"instruction": "pine candle please", "instruction_attributes": ["soy wax"],
+                           "instruction_options": ["8 oz | large"]}]}
+  for name, data in (("items_shuffle_1k.json", records), ("items_ins_v2_1k.json", instructions),
+                     ("items_human_ins.json", human)):
+    (tmp_path / name).write_text(json.dumps(data))
+  catalog = webshop_data.load_catalog(str(tmp_path))
+  assert [p.asin for p in catalog.products] == ["B000TEST01", "B000TEST02"]
+  candle = catalog.by_asin["B000TEST01"]
+  assert candle.options == {"size": ("8 oz | large",)} and candle.query == "candles"
+  assert candle.price_tag == "$10.0 to $20.0" and 10.0 <= candle.price <= 20.0
+  assert candle.features == ("Burns 40 hours",) and candle.attributes == ("soy wax", "long lasting")
+  assert catalog.by_asin["B000TEST02"].price == 100.0  # no price: $100, as in WebShop
+  goals = catalog.train_goals + catalog.validation_goals
+  assert len(goals) == 1 and goals[0].instruction.startswith("i want a long lasting soy wax candle")
+  # the larger of two of the four round prices above the product's
+  above = [p for p in webshop_data.PRICE_RANGE if p > candle.price][:4]
+  assert goals[0].price_upper in above[1:]
+  assert goals[0].instruction.endswith(f", and price lower than {goals[0].price_upper:.2f} dollars")
+  humans = webshop_data.load_catalog(str(tmp_path), human_goals=True)
+  hgoals = humans.train_goals + humans.validation_goals
+  assert [g.options for g in hgoals] == [("8 oz | large",)]
+  # the env plays on it: buy the candle with its option
+  env = envs.make_env("WebShop", {"data_dir": str(tmp_path), "split": "all"})
+  env.reset(seed=0)
+  while not env.done:
+    _, r, *_ = env.step(webshop.oracle_response(env))
+  assert r == 1.0
+  with pytest.raises(ValueError, match="items_human_ins"):
+    webshop_data.load_catalog(str(tmp_path / "missing"), human_goals=True)
+
+
+def test_bad_config_names_the_key():
+  with pytest.raises(ValueError, match="split"):
+    envs.make_env("WebShop", {"split": "test"})
+  with pytest.raises(ValueError, match="human_goals"):
+    envs.make_env("WebShop", {"human_goals": True})
+  with pytest.raises(ValueError, match="data_dir"):
+    envs.make_env("WebShop", {"data_dir": "/nonexistent/webshop"})
+
+
+def test_the_search_index_is_cached_on_disk(tmp_path, monkeypatch):
+  monkeypatch.setenv("ROLLX_CACHE", str(tmp_path))
+  catalog = webshop_data.synthetic_catalog(200, 5)
+  first = webshop_data.SearchIndex(catalog).search("gluten free crackers", 50)
+  saved = os.listdir(tmp_path / "webshop_index")
+  assert len(saved) == 1
+  again = webshop_data.SearchIndex(catalog).search("gluten free crackers", 50)
+  assert first == again and len(first) > 0
+  assert all("crackers" in catalog.by_asin[a].text().lower() for a in first[:3])
