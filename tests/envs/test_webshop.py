@@ -229,8 +229,11 @@ def test_the_loader_reads_webshops_original_file_format(tmp_path):
   while not env.done:
     _, r, *_ = env.step(webshop.oracle_response(env))
   assert r == 1.0
-  with pytest.raises(ValueError, match="items_human_ins"):
-    webshop_data.load_catalog(str(tmp_path / "missing"), human_goals=True)
+  with pytest.raises(ValueError, match="missing' has no items_shuffle"):
+    webshop_data.load_catalog(str(tmp_path / "missing"))
+  (tmp_path / "items_human_ins.json").unlink()
+  with pytest.raises(ValueError, match="no items_human_ins"):
+    webshop_data.load_catalog(str(tmp_path), human_goals=True, num_products=1)
 
 
 def test_bad_config_names_the_key():
