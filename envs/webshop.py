@@ -181,6 +181,13 @@ class WebShop(base.TextEnv):
       self.chosen[group] = argument
     return 0.0, False, False
 
+  def step(self, action_text):
+    obs, reward, terminated, truncated, info = super().step(action_text)
+    info["available_actions"] = self.available_actions()
+    if terminated:
+      info["reward_terms"] = dict(self.last_reward_info)
+    return obs, reward, terminated, truncated, info
+
   # -- rendering ----------------------------------------------------------------
   def render_text(self) -> str:
     lines = [f"Instruction: {self.goal.instruction}"]

@@ -171,6 +171,10 @@ def default_config() -> ml_collections.ConfigDict:
       resume_from_checkpoint="",  # '' / False = fresh; 'true' = latest in output_dir; or a path
       # -- models --------------------------------------------------------------
       pretrain=config_dict.placeholder(str),  # local HF dir; None = built-in default model
+      # > 0: before RL, a copy of `pretrain` in output_dir/warm_start is trained this many
+      # steps on random-valid-action transcripts of the train envs (no reward, no task
+      # signal; rollx.recipes.warm_start), for envs the model has never read.
+      warm_start_steps=0,
       # reward model HF dir: unsupported (the envs score episodes); must stay unset
       reward_pretrain=config_dict.placeholder(str),
       # -- rollout -------------------------------------------------------------
@@ -374,7 +378,7 @@ def _ranges(c: _Checker, cfg):
               "max_rollout_rounds"):
     if _is_int(cfg[key]):
       c.rule(cfg[key] >= 1, key, f"must be >= 1, got {cfg[key]}")
-  for key in ("eval_steps", "critic_warmup", "min_informative_groups"):
+  for key in ("eval_steps", "critic_warmup", "min_informative_groups", "warm_start_steps"):
     if _is_int(cfg[key]):
       c.rule(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
   for key in ("gamma", "lambd", "step_reward_gamma", "episode_reward_gamma"):

@@ -46,6 +46,9 @@ class AgenticPipeline:
     self._owns_ray = cluster.init_ray(c)
     for warning in rollx_config.inactive_settings(c):
       logging.warning("%s", warning)
+    if c.warm_start_steps:  # the servers, env workers and learner all load this directory
+      from rollx.recipes import warm_start
+      c.pretrain = warm_start.for_config(c)
     policy = models.load_model(c.pretrain)
     self.tokenizer = hf.load_tokenizer(policy.model_dir)
     self.learner = Learner(c, policy)

@@ -115,16 +115,16 @@ def random_valid_episodes(tokenizer, entries: Sequence[tuple], num_episodes: int
   rng = np.random.default_rng(seed)
   trajectories = []
   for k, (tag, entry, manager_args, share) in enumerate(entries):
-    sampler = envs.make_env(entry["env_type"], dict(entry["env_config"]))
     think = tag in think_tags
-    if think and not hasattr(sampler, "neighbours"):
+    if think and not hasattr(envs.env_class(entry["env_type"]), "neighbours"):
       raise ValueError(f"warm start think_tags: env {entry['env_type']!r} (tag {tag!r}) has no "
                        f"neighbours() to think about")
     running = []  # the manager below, whose env is the one being played
 
-    async def generate(request_id, prompt_ids, max_tokens, sampler=sampler, think=think,
-                       running=running, **_):
-      text = sampler.sample_valid_response(rng)  # state-independent: no task signal
+    async def generate(request_id, prompt_ids, max_tokens, think=think, running=running, **_):
+      # uniform over the valid actions of the page being played (the grid games': all
+      # moves, whatever the board): no task signal
+      text = running[0].env.sample_valid_response(rng)
       if think:
         text = think_response(running[0].env, text)
       ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
@@ -151,7 +151,7 @@ def _lm_loss(model, params, batch, rng):
 
 def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_rate: float = 2e-3,
                seed: int = 0, entries=WARM_START_ENVS, log_every: int = 50,
-               think_tags: Sequence[str] = ()) -> dict:
+               think_tags: Sequence[str] = (), sequence_length: int = SEQUENCE_LENGTH) -> dict:
   """Trains the model in `model_dir` in place on random-valid-answer episodes."""
   from rollx.trainer.step import Trainer
   from rollx import models
@@ -168,9 +168,9 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
   # Packed rows (rollx.trainer.packing): random episodes are short, padding would
   # be most of the compute.
   episodes = random_valid_episodes(tokenizer, entries, steps * batch_size, seed,
-                                   think_tags=think_tags)
-  samples = collate(episodes, SEQUENCE_LENGTH)
-  plan = packing.plan(samples.segment_ids.sum(axis=1), SEQUENCE_LENGTH, batch_size)
+                                   sequence_length, think_tags=think_tags)
+  samples = collate(episodes, sequence_length)
+  plan = packing.plan(samples.segment_ids.sum(axis=1), sequence_length, batch_size)
   predicted = samples.segment_ids.astype(np.float32)
   predicted[:, 0] = 0.0  # each sample's first token has no prediction
   data = {"input_ids": plan.pack(samples.input_ids), "segment_ids": plan.segment_ids(),
@@ -188,6 +188,32 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
   # weights only: re-saving a loaded tokenizer would rewrite its files (normalizer)
   hf.save_pretrained(jax.device_get(state.params), loaded.config, model_dir)
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def for_config(config) -> str:
+  """The model directory a run with `warm_start_steps` > 0 starts from: a copy of
+  `pretrain` in output_dir/warm_start, trained on random-valid-action transcripts of the
+  train envs, cut into samples as the train env manager cuts them (an equal share of
+  episodes per tag). Built once: a resumed run finds it and reuses it."""
+  import os
+  import shutil
+  from rollx import models
+  from rollx.rollout.env_worker import manager_kwargs
+  target = os.path.join(config.output_dir, "warm_start")
+  if os.path.isfile(os.path.join(target, "config.json")):
+    return target
+  tmp = f"{target}.tmp{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  shutil.copytree(models.resolve_model_dir(config.pretrain), tmp)
+  kwargs = manager_kwargs(config, "train_env_manager")
+  tags = tuple(config.train_env_manager.tags)
+  entries = tuple((tag, config.custom_envs[tag].to_dict(),
+                   dict(step_wise=kwargs["step_wise"], history_length=kwargs["history_length"]),
+                   1.0 / len(tags)) for tag in tags)
+  warm_start(tmp, steps=config.warm_start_steps, seed=config.seed, entries=entries,
+             sequence_length=config.sequence_length, log_every=max(1, config.warm_start_steps // 4))
+  os.replace(tmp, target)  # whole or absent: a run killed mid-way builds it again
+  return target
 
 
 def format_rate(model_dir: str, entries=WARM_START_ENVS, num_prompts: int = 32,

@@ -41,6 +41,11 @@ COMPACT_PROMPTS = {
     "Sokoban": dict(system_prompt="Sokoban.", turn_template=COMPACT_TURN_TEMPLATE,
                     instructions="You are P. Push every box X onto a target O. Answer "
                                  "<answer>Up</answer>, Down, Left or Right."),
+    # the env's paragraph of instructions is ~200 tokens for the default tokenizer
+    "WebShop": dict(system_prompt="WebShop.", turn_template=COMPACT_TURN_TEMPLATE,
+                    instructions="Buy the item of the instruction. Answer "
+                                 "<answer>search[keywords]</answer> or "
+                                 "<answer>click[element in brackets]</answer>."),
 }
 HISTORY_TEMPLATE = "Turn {turn_idx}:\nObservation:\n{observation}\nAction: {action}\nReward: {reward}\n"
 _MARK_RESPONSE, _MARK_USER = "\x00RESPONSE\x00", "\x00USER\x00"

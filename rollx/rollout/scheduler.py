@@ -306,8 +306,9 @@ def episode_metrics(trajectories: List[Trajectory]) -> Dict[str, float]:
                                                  for t in ts])),
         f"{tag}/num_episodes": float(len(ts)),
     })
-    actions = collections.Counter(turn["action"] for t in ts for turn in t.transcript
-                                  if turn["valid"])
+    # an action with an argument (WebShop's `search[query]`) counts under its verb
+    actions = collections.Counter(turn["action"].split("[", 1)[0] for t in ts
+                                  for turn in t.transcript if turn["valid"])
     total = sum(actions.values())
     out.update({f"{tag}/action_share/{action}": count / total
                 for action, count in sorted(actions.items())})
