@@ -1,6 +1,7 @@
 """Entry point: debug the multi-turn loop with one env, in-process (no Ray, no server).
 
     python -m rollx.play --config=configs/frozenlake.py --env=FrozenLake [--policy=model|human]
+    python -m rollx.play --config=configs/webshop.py --env=WebShop --policy=human  # shop by hand
 
 Runs the same `EnvManager.run_episode` the training rollouts run, with the policy
 given by `--policy`: `model` decodes locally with the config's model (`pretrain`,
@@ -12,6 +13,7 @@ prompt text the model sees, the response, the parsed action and the reward.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import List
 
@@ -88,6 +90,9 @@ def main(argv: List[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments {argv[1:]}")
   config = cli.load_config()
+  warm = os.path.join(config.output_dir, "warm_start")
+  if config.warm_start_steps and os.path.isfile(os.path.join(warm, "config.json")):
+    config.pretrain = warm  # the model the config's training runs started from
   tags = list(config.custom_envs.keys())
   if _ENV.value not in tags:
     cli.fail(f"--env={_ENV.value!r} is not a custom_envs tag of this config; tags: "

@@ -161,8 +161,9 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
   worker.training_args.update(learning_rate=learning_rate, per_device_train_batch_size=batch_size,
                               warmup_steps=max(1, steps // 10), lr_scheduler_type="cosine")
   worker.strategy_args.update(dp_size=1)
+  worker.device_mapping = (0,)  # one device: the mesh must not ask for more than it has
   worker.model_args.disable_gradient_checkpointing = True  # small model: memory is no issue
-  mesh = mesh_lib.make_mesh(worker.strategy_args, None, "warm_start")
+  mesh = mesh_lib.make_mesh(worker.strategy_args, worker.device_mapping, "warm_start")
   trainer = Trainer(loaded.config, worker, mesh, _lm_loss, steps)
   state = trainer.init_state(jax.device_get(loaded.params))
   # Packed rows (rollx.trainer.packing): random episodes are short, padding would

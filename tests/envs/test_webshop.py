@@ -254,3 +254,26 @@ def test_the_search_index_is_cached_on_disk(tmp_path, monkeypatch):
   again = webshop_data.SearchIndex(catalog).search("gluten free crackers", 50)
   assert first == again and len(first) > 0
   assert all("crackers" in catalog.by_asin[a].text().lower() for a in first[:3])
+
+
+def test_a_person_shops_with_rollx_play():
+  import subprocess
+  import sys
+  from tests.conftest import ROOT
+  env = envs.make_env("WebShop", {"split": "train", "max_steps": 10, "results_per_page": 5,
+                                  "num_products": 3000})
+  env.reset(seed=0)
+  kind = env.catalog.by_asin[env.goal.asin].query
+  env.step(f"<answer>search[{kind}]</answer>")
+  first = env._page_asins()[0]
+  answers = (f"<answer>search[{kind}]</answer>\nclick[nothing]\n<answer>click[{first}]</answer>\n"
+             "<answer>click[Buy Now]</answer>\n")
+  result = subprocess.run(
+      [sys.executable, "-m", "rollx.play", "--config=configs/webshop.py", "--env=WebShop",
+       "--policy=human", "--config.output_dir=/nonexistent"], input=answers, cwd=ROOT,
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  out = result.stdout
+  assert f"[action] search[{kind}]" in out and "[action] INVALID   [reward] -0.10" in out
+  assert f"[action] click[{first}]" in out and "[action] click[Buy Now]" in out
+  assert "4 turns, 1 invalid" in out and "ended: terminated" in out

@@ -10,7 +10,8 @@ import transformers
 
 import envs
 from envs import sokoban
-from rollx import models
+from rollx import config as config_lib, models
+from tests.conftest import ROOT
 from rollx.models import hf, llm
 from rollx.recipes import make_default, warm_start
 from rollx.rollout import prompts
@@ -184,3 +185,29 @@ def test_the_default_recipe_warm_starts_sokoban_on_boards_with_the_line():
     (trajectory,) = warm_start.random_valid_episodes(tokenizer, entries[2:], 4, seed=0)
     text = tokenizer.decode(trajectory.samples[0].input_ids)
     assert ("\nLeft " in text) == has_line, text
+
+
+def test_warm_start_steps_start_a_run_from_a_warm_started_copy(tmp_path):
+  import os
+  from safetensors.numpy import load_file
+  config = config_lib.validate(config_lib.load_file(os.path.join(ROOT, "configs", "webshop.py")))
+  config.output_dir = str(tmp_path)
+  config.warm_start_steps = 2
+  path = warm_start.for_config(config)
+  assert path == str(tmp_path / "warm_start") and os.listdir(tmp_path) == ["warm_start"]
+  before = load_file(os.path.join(models.DEFAULT_MODEL_DIR, "model.safetensors"))
+  after = load_file(os.path.join(path, "model.safetensors"))
+  assert any(not np.array_equal(before[k], after[k]) for k in before)  # trained
+  assert open(os.path.join(path, "tokenizer.json")).read() == open(
+      os.path.join(models.DEFAULT_MODEL_DIR, "tokenizer.json")).read()
+  stamp = os.path.getmtime(os.path.join(path, "model.safetensors"))
+  assert warm_start.for_config(config) == path  # a resumed run reuses it
+  assert os.path.getmtime(os.path.join(path, "model.safetensors")) == stamp
+  # the transcripts: WebShop pages, every answer valid on its page, the same step-wise cut
+  tokenizer = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
+  entry = ("WebShop", config.custom_envs.WebShop.to_dict(), dict(step_wise=True, history_length=0), 1.0)
+  episodes = warm_start.random_valid_episodes(tokenizer, [entry], 20, seed=0,
+                                              sequence_length=config.sequence_length)
+  turns = [turn for t in episodes for turn in t.transcript]
+  assert len(turns) > 40 and all(turn["valid"] for turn in turns)
+  assert {turn["action"].split("[")[0] for turn in turns} == {"search", "click"}
