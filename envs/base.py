@@ -195,3 +195,17 @@ def grid_to_rgb(grid: Sequence[Sequence[str]], palette: Dict[str, Tuple[tuple, O
       image[y, x:x + cell_px] = 40  # grid lines
       image[y:y + cell_px, x] = 40
   return image
+
+
+def text_to_rgb(text: str, width: int = 640, height: int = 480, columns: int = 100) -> np.ndarray:
+  """A page of text on a white image (validation GIFs of text envs: WebShop, tasks)."""
+  import textwrap
+  from PIL import Image, ImageDraw
+  image = Image.new("RGB", (width, height), (255, 255, 255))
+  draw = ImageDraw.Draw(image)
+  lines = [part for line in text.split("\n") for part in (textwrap.wrap(line, columns) or [""])]
+  for i, line in enumerate(lines[:(height - 8) // 13]):
+    draw.text((6, 4 + 13 * i), line.encode("latin-1", "replace").decode("latin-1"),
+              fill=(20, 20, 20))
+  return np.asarray(image)
+

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
-import textwrap
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -222,16 +221,7 @@ class WebShop(base.TextEnv):
     return "\n".join(lines)
 
   def render_rgb(self) -> np.ndarray:
-    """The page's text on a white 640 x 480 image (validation GIFs)."""
-    from PIL import Image, ImageDraw
-    image = Image.new("RGB", (640, 480), (255, 255, 255))
-    draw = ImageDraw.Draw(image)
-    wrapped = [part for line in self.render_text().split("\n")
-               for part in (textwrap.wrap(line, 100) or [""])]
-    for i, line in enumerate(wrapped[:36]):
-      draw.text((6, 4 + 13 * i), line.encode("latin-1", "replace").decode("latin-1"),
-                fill=(20, 20, 20))
-    return np.asarray(image)
+    return base.text_to_rgb(self.render_text())
 
   @property
   def instructions(self) -> str:

@@ -270,13 +270,22 @@ def default_config() -> ml_collections.ConfigDict:
 
 def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
               max_tokens_per_step: int = 64, system_prompt: str = "",
-              turn_template: str = "", instructions: str = "") -> ml_collections.ConfigDict:
+              turn_template: str = "", instructions: str = "", agent_loop: str = "game",
+              tools: Tuple[str, ...] = (), max_turns: int = 8,
+              max_tool_response_length: int = 256) -> ml_collections.ConfigDict:
   """A `custom_envs` entry: which env class, its config, the per-turn token cap, and
   the prompt text ('' = ROLL's system prompt / turn template, rollx.rollout.prompts;
-  the env's own `instructions`; system_prompt='none': no system message)."""
+  the env's own `instructions`; system_prompt='none': no system message).
+
+  `agent_loop` (rollx.rollout.agent_loops): 'game' (each response is an env action) or
+  'tool' (the model calls `tools`, registered names of rollx.tools, between answers;
+  at most `max_turns` responses; each tool result cut to `max_tool_response_length`
+  tokens)."""
   return _cd(env_type=env_type, env_config=_cd(**(env_config or {})),
              max_tokens_per_step=max_tokens_per_step, system_prompt=system_prompt,
-             turn_template=turn_template, instructions=instructions)
+             turn_template=turn_template, instructions=instructions, agent_loop=agent_loop,
+             tools=tuple(tools), max_turns=max_turns,
+             max_tool_response_length=max_tool_response_length)
 
 
 _ENV_ENTRY_KEYS = tuple(env_entry("FrozenLake").keys())
@@ -557,9 +566,26 @@ def _custom_envs(c: _Checker, cfg):
               f"{_did_you_mean(env_type, envs.registered_env_types())}; registered: "
               f"{', '.join(envs.registered_env_types())}")
       continue
-    mt = entry.get("max_tokens_per_step")
-    if not _is_int(mt) or mt < 1:
-      c.error(f"{path}.max_tokens_per_step", f"must be an int >= 1, got {mt!r}")
+    for key in ("max_tokens_per_step", "max_turns", "max_tool_response_length"):
+      value = entry.get(key, 1)
+      if not _is_int(value) or value < 1:
+        c.error(f"{path}.{key}", f"must be an int >= 1, got {value!r}")
+    loop = entry.get("agent_loop", "game")
+    from rollx.rollout.agent_loops import AGENT_LOOPS
+    from rollx import tools as tools_lib
+    if loop not in AGENT_LOOPS:
+      c.error(f"{path}.agent_loop", f"unknown agent loop {loop!r}; known: "
+              f"{', '.join(sorted(AGENT_LOOPS))}")
+    names = entry.get("tools", ())
+    if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+      c.error(f"{path}.tools", f"expected a tuple of tool names, got {names!r}")
+    else:
+      unknown = [n for n in names if n not in tools_lib.registered_tools()]
+      if unknown:
+        c.error(f"{path}.tools", f"unknown tool {unknown[0]!r}; registered: "
+                f"{', '.join(tools_lib.registered_tools())}")
+      elif names and loop != "tool":
+        c.error(f"{path}.tools", f"set, but agent_loop={loop!r} never calls tools (use 'tool')")
     for key in ("system_prompt", "turn_template", "instructions"):
       if not isinstance(entry.get(key, ""), str):
         c.error(f"{path}.{key}", f"expected str, got {entry.get(key)!r}")
@@ -675,6 +701,10 @@ def _env_managers(c: _Checker, cfg):
         c.error(f"{name}.tags", f"tag {tag!r} has no custom_envs entry"
                 f"{_did_you_mean(str(tag), cfg.custom_envs.keys())}; "
                 f"custom_envs has: {', '.join(cfg.custom_envs.keys()) or 'nothing'}")
+      elif (cfg.custom_envs[tag].get("agent_loop") == "tool"
+            and m.env_manager_type != "trajectory"):
+        c.error(f"{name}.env_manager_type", f"tag {tag!r} runs agent_loop 'tool', whose "
+                "episodes are one conversation: needs 'trajectory'")
     part = m.num_groups_partition
     if part is not None and _is_int(m.num_env_groups):
       if len(part) != len(tags):

@@ -3,7 +3,8 @@
     python -m rollx.play --config=configs/frozenlake.py --env=FrozenLake [--policy=model|human]
     python -m rollx.play --config=configs/webshop.py --env=WebShop --policy=human  # shop by hand
 
-Runs the same `EnvManager.run_episode` the training rollouts run, with the policy
+Runs the agent loop the training rollouts run (rollx/rollout/agent_loops.py: the game
+loop, or the tool loop, which prints each tool call and result), with the policy
 given by `--policy`: `model` decodes locally with the config's model (`pretrain`,
 or the built-in default) and actor_infer's sampling (validation sampling with
 --val); `human` reads each response from standard input. Every turn prints the
@@ -22,6 +23,7 @@ import jax
 
 from rollx import cli, models
 from rollx.models import hf, llm
+from rollx.rollout.agent_loops import make_agent_loop
 from rollx.rollout.env_manager import EnvManager
 from rollx.rollout.types import Ticket
 from rollx.serving.client import Generation
@@ -73,7 +75,7 @@ def local_manager(config, tag: str, policy=None, val: bool = False, on_turn=None
     g = config.actor_infer.val_generating_args if val else config.actor_infer.generating_args
     policy = LocalModel(config, g.temperature)
   manager = config.val_env_manager if val else config.train_env_manager
-  return EnvManager(0, tag, config.custom_envs[tag].to_dict(), tokenizer, policy,
+  return make_agent_loop(0, tag, config.custom_envs[tag].to_dict(), tokenizer, policy,
                     mode="val" if val else "train", sequence_length=config.sequence_length,
                     on_turn=on_turn, step_wise=manager.env_manager_type == "step",
                     history_length=manager.history_length)
@@ -82,8 +84,10 @@ def local_manager(config, tag: str, policy=None, val: bool = False, on_turn=None
 def print_turn(manager: EnvManager, record: dict) -> None:
   tok = manager.tokenizer
   print(f"----- turn {record['turn']} -----\n[prompt]\n{tok.decode(record['prompt_ids'])}")
-  print(f"[response] {record['response']!r}\n[action] {record['action'] or 'INVALID'}"
-        f"   [reward] {record['reward']:+.2f}", flush=True)
+  print(f"[response] {record['response']!r}")
+  for (name, arguments), result in zip(record.get("tool_calls", ()), record.get("tool_results", ())):
+    print(f"[tool call] {name or '?'} {arguments!r}\n[tool result] {result!r}")
+  print(f"[action] {record['action'] or 'INVALID'}   [reward] {record['reward']:+.2f}", flush=True)
 
 
 def main(argv: List[str]) -> None:

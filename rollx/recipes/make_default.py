@@ -47,10 +47,30 @@ HIDDEN, LAYERS, HEADS = 128, 3, 4
 ROPE_THETA = 100.0
 WARM_START_STEPS = 500  # random-play transcript pretraining (rollx.recipes.warm_start)
 GRID_SYMBOL = r"[^\sa-z](?![a-z])"
+# ChatML, as Qwen2.5 writes it: with `tools`, the system message lists them (one JSON
+# function signature per line in <tools>) and says how to call one; a `tool` message is
+# a <tool_response> block inside a user turn (consecutive ones share the turn). Without
+# tools it renders exactly as before, so the shipped prompts did not change.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{%- if tools %}{{ '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{ '# Tools\n<tools>' }}{%- for tool in tools %}{{ '\n' }}{{ tool | tojson }}{%- endfor %}"
+    "{{ '\n</tools>\nCall a tool with <tool_call>\n{\"name\": <name>, \"arguments\": "
+    "<arguments>}\n</tool_call><|im_end|>\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{ '<|im_start|>user' }}{%- endif %}"
+    "{{ '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{ '<|im_end|>\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}")
+
+
 def corpus():
   """Text of the kind the default model sees: env prompts, observations, answers."""
   import envs
@@ -81,7 +101,7 @@ def corpus():
   for _ in range(20):
     for role in ("system", "user", "assistant"):
       yield f"<|im_start|>{role}\n"
-    for prompt in COMPACT_PROMPTS.values():
+    for prompt in (COMPACT_PROMPTS[k] for k in ("FrozenLake", "Sokoban")):  # the grid games'
       if prompt["system_prompt"] != NO_SYSTEM_PROMPT:
         yield prompt["system_prompt"] + "\n" + prompt.get("instructions", "")
 

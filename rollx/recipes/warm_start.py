@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from absl import app, flags
 import jax
@@ -43,7 +43,7 @@ from rollx import config as rollx_config
 from rollx.models import hf, logprobs
 from rollx.parallel import mesh as mesh_lib
 from rollx.rollout import prompts
-from rollx.rollout.env_manager import EnvManager
+from rollx.rollout.agent_loops import make_agent_loop
 from rollx.rollout.types import Ticket, Trajectory, collate
 from rollx.trainer import packing
 
@@ -130,7 +130,7 @@ def random_valid_episodes(tokenizer, entries: Sequence[tuple], num_episodes: int
       ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
       return _Generated(ids[:max_tokens], [-1] * min(len(ids), max_tokens))
 
-    manager = EnvManager(k, tag, entry, tokenizer, generate, sequence_length=sequence_length,
+    manager = make_agent_loop(k, tag, entry, tokenizer, generate, sequence_length=sequence_length,
                          **manager_args)
     running.append(manager)
     for i in range(round(num_episodes * share)):
@@ -151,8 +151,10 @@ def _lm_loss(model, params, batch, rng):
 
 def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_rate: float = 2e-3,
                seed: int = 0, entries=WARM_START_ENVS, log_every: int = 50,
-               think_tags: Sequence[str] = (), sequence_length: int = SEQUENCE_LENGTH) -> dict:
-  """Trains the model in `model_dir` in place on random-valid-answer episodes."""
+               think_tags: Sequence[str] = (), sequence_length: int = SEQUENCE_LENGTH,
+               num_episodes: Optional[int] = None) -> dict:
+  """Trains the model in `model_dir` in place on random-valid-answer episodes
+  (`num_episodes`, default steps x batch_size: one per row the steps read)."""
   from rollx.trainer.step import Trainer
   from rollx import models
   loaded = models.load_model(model_dir)
@@ -168,7 +170,7 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
   state = trainer.init_state(jax.device_get(loaded.params))
   # Packed rows (rollx.trainer.packing): random episodes are short, padding would
   # be most of the compute.
-  episodes = random_valid_episodes(tokenizer, entries, steps * batch_size, seed,
+  episodes = random_valid_episodes(tokenizer, entries, num_episodes or steps * batch_size, seed,
                                    sequence_length, think_tags=think_tags)
   samples = collate(episodes, sequence_length)
   plan = packing.plan(samples.segment_ids.sum(axis=1), sequence_length, batch_size)
@@ -211,8 +213,17 @@ def for_config(config) -> str:
   entries = tuple((tag, config.custom_envs[tag].to_dict(),
                    dict(step_wise=kwargs["step_wise"], history_length=kwargs["history_length"]),
                    1.0 / len(tags)) for tag in tags)
+  # enough episodes for the rows the steps read (16 a step): a step-wise episode of random
+  # actions gives about half its env's max_steps samples
+  rows = config.warm_start_steps * 16
+  if kwargs["step_wise"]:
+    max_steps = max(envs.make_env_config(config.custom_envs[t].env_type,
+                                         config.custom_envs[t].env_config.to_dict()).max_steps
+                    for t in tags)
+    rows = -(-rows // max(1, max_steps // 2))
   warm_start(tmp, steps=config.warm_start_steps, seed=config.seed, entries=entries,
-             sequence_length=config.sequence_length, log_every=max(1, config.warm_start_steps // 4))
+             sequence_length=config.sequence_length, num_episodes=rows,
+             log_every=max(1, config.warm_start_steps // 4))
   os.replace(tmp, target)  # whole or absent: a run killed mid-way builds it again
   return target
 

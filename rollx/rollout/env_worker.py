@@ -16,7 +16,7 @@ import ml_collections
 
 from rollx import models
 from rollx.models import hf
-from rollx.rollout.env_manager import EnvManager
+from rollx.rollout.agent_loops import make_agent_loop
 from rollx.rollout.scheduler import env_layout
 from rollx.serving.client import RolloutClient
 
@@ -47,8 +47,8 @@ class EnvWorker:
     self.link = link
     kwargs = manager_kwargs(config, manager)
     self.managers = [
-        EnvManager(i, layout[i].tag, config.custom_envs[layout[i].tag].to_dict(), tokenizer,
-                   self.client.generate, render=i in set(render_env_ids), **kwargs)
+        make_agent_loop(i, layout[i].tag, config.custom_envs[layout[i].tag].to_dict(), tokenizer,
+                        self.client.generate, render=i in set(render_env_ids), **kwargs)
         for i in env_ids]
     self._tasks: List[asyncio.Task] = []
 

@@ -50,6 +50,8 @@ class Trajectory:
   # step-wise training only: board symmetry -> the episode's samples seen through it
   # (rollx.rollout.env_manager); each is one more episode of the group in the batch
   views: Dict[str, List[Sample]] = dataclasses.field(default_factory=dict)
+  # tool loop: tool calls and their errors by kind (rollx.tools.ERROR_KINDS)
+  tool_counts: Dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def num_response_tokens(self) -> int:

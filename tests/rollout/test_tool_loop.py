@@ -1,0 +1,171 @@
+"""The tool loop, token-exact under real chat templates (Qwen2.5, Llama 3.2, Qwen3, and the
+shipped default's), on a reasoning-gym task with the calculator and the Python sandbox."""
+
+import asyncio
+import copy
+import json
+import os
+import types
+
+import pytest
+
+import envs
+from rollx import config as config_lib
+from rollx.models import DEFAULT_MODEL_DIR, hf
+from rollx.rollout import agent_loops, chat
+from rollx.rollout.types import Ticket
+
+TEMPLATES = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "chat_templates")
+# family -> (template file or None for the shipped one, special tokens, eos)
+FAMILIES = {
+    "default": (None, [], "<|im_end|>"),
+    "qwen2.5": ("qwen2.5.jinja", ["<|im_start|>", "<|im_end|>"], "<|im_end|>"),
+    "llama3.2": ("llama3.2.jinja", ["<|begin_of_text|>", "<|start_header_id|>",
+                                    "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"], "<|eot_id|>"),
+    "qwen3": ("qwen3.jinja", ["<|im_start|>", "<|im_end|>"], "<|im_end|>"),
+}
+
+
+def tokenizer_for(family):
+  """The shipped byte-level tokenizer (any text encodes) dressed as `family`: its special
+  tokens, EOS and real chat template; built offline."""
+  tok = copy.deepcopy(hf.load_tokenizer(DEFAULT_MODEL_DIR))
+  path, special, eos = FAMILIES[family]
+  if path:
+    tok.add_special_tokens({"additional_special_tokens": special})
+    tok.chat_template = open(os.path.join(TEMPLATES, path)).read()
+    tok.eos_token = eos
+    if family.startswith("llama"):
+      tok.bos_token = "<|begin_of_text|>"
+  tok.name_or_path = family
+  return tok
+
+
+def tool_entry(**overrides):
+  entry = config_lib.env_entry(
+      "ReasoningTask", env_config=dict(datasets=("basic_arithmetic",)), max_tokens_per_step=400,
+      system_prompt="You are a careful solver.", agent_loop="tool",
+      tools=("calculator", "python"), max_turns=6, max_tool_response_length=64)
+  entry.update(overrides)
+  return entry.to_dict()
+
+
+class Script:
+  """A scripted model: returns the ids of its next response (+ EOS unless `cut`), and
+  records every prompt it was served."""
+
+  def __init__(self, tokenizer, responses, cut=()):
+    self.tok, self.responses, self.cut, self.prompts, self.outputs = tokenizer, responses, cut, [], []
+
+  async def __call__(self, request_id, prompt_ids, max_tokens, **_):
+    turn = len(self.prompts)
+    self.prompts.append(list(prompt_ids))
+    ids = self.tok.encode(self.responses[turn], add_special_tokens=False)
+    if turn not in self.cut:
+      ids += [self.tok.eos_token_id]
+    ids = ids[:max_tokens]
+    self.outputs.append(ids)
+    return types.SimpleNamespace(token_ids=ids, token_versions=[7] * len(ids), policy_version=7,
+                                 behaviour_logp=[-0.5] * len(ids))
+
+
+def calls(*pairs):
+  return "".join(f'<tool_call>\n{json.dumps({"name": n, "arguments": a})}\n</tool_call>'
+                 for n, a in pairs)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_three_turn_tool_episode_with_parallel_calls_is_token_exact(family):
+  tok = tokenizer_for(family)
+  think = "<think>\nadd the terms\n</think>\n\n" if family == "qwen3" else ""
+  loop = agent_loops.make_agent_loop(0, "Task", tool_entry(), tok, None, sequence_length=4000)
+  env = loop.env
+  env.reset(seed=11)
+  answer = env.entry["answer"]
+  # (Qwen3 thinks first in every response, as in its thinking mode)
+  responses = [think + r for r in [
+      "Two tools at once.\n" + calls(("calculator", {"expression": "2 ** 70"}),
+                                     ("python", {"code": "x = 6 * 7\nx"})),
+      calls(("python", {"code": "print(x + 1)"}), ("calculator", {"expression": "1 /"}),
+            ("search", {"q": "x"})),
+      calls(("python", {"code": "print('z' * 5000)"})),  # cut to 64 tokens
+      f"The answer is <answer>{answer}</answer>",
+  ]]
+  script = Script(tok, responses)
+  loop.generate = script
+  traj = asyncio.run(loop.run_episode(Ticket(0, "Task", 0, 0, 11)))
+  assert traj.finish == "terminated" and traj.score == 1.0 and traj.success
+  (sample,) = traj.samples
+  ids, mask = sample.input_ids, sample.response_mask
+  # training ids == what the servers were served + what they generated, in order
+  for prompt, out, nxt in zip(script.prompts, script.outputs, script.prompts[1:] + [ids]):
+    assert nxt[:len(prompt) + len(out)] == prompt + out
+  assert [i for i, m in zip(ids, mask) if m] == sum(script.outputs, [])
+  assert all(v == 7 for v, m in zip(sample.token_versions, mask) if m)
+  # decoding the whole sequence is the template's rendering of the conversation
+  results = [t["tool_results"] for t in traj.transcript if t["action"] == "tool_call"]
+  assert results[0] == [str(2 ** 70), "42"]
+  assert results[1][0] == "43" and results[1][1].startswith("error: CalculatorError")
+  assert results[1][2].startswith("error: unknown tool 'search'")
+  assert "[truncated" in results[2][0]
+  names = [["calculator", "python"], ["python", "calculator", "search"], ["python"]]
+  messages = [{"role": "system", "content": "You are a careful solver.\n" + env.instructions},
+              {"role": "user", "content": env.question}]
+  for response, turn_results, turn_names in zip(responses, results, names):
+    messages.append({"role": "assistant", "content": response})
+    messages += [{"role": "tool", "name": n, "content": r} for n, r in zip(turn_names, turn_results)]
+  messages.append({"role": "assistant", "content": responses[-1]})
+  rendered = tok.apply_chat_template(messages, tools=loop.toolset.schemas(), tokenize=False)
+  decoded = tok.decode(ids)  # ends with the generated EOS; the template may add a newline
+  assert rendered[:len(decoded)] == decoded and rendered[len(decoded):] in ("", "\n")
+  assert traj.tool_counts["calls"] == 6 and traj.tool_counts["tool_error"] == 1
+  assert traj.tool_counts["unknown_tool"] == 1
+
+
+def test_qwen3_drops_reasoning_at_a_new_user_turn_and_that_is_refused_by_name():
+  template = chat.ChatTemplate(tokenizer_for("qwen3"))
+  template.check_append_only(("tool",))  # tool results: append-only
+  with pytest.raises(chat.TemplateNotAppendOnlyError, match="qwen3 is not append-only: adding user"):
+    template.check_append_only(("user",))
+  # a template that rewrites earlier assistant turns even for tool results: refused at start
+  tok = tokenizer_for("qwen2.5")
+  tok.chat_template = (
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
+      "{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n"
+      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+  with pytest.raises(chat.TemplateNotAppendOnlyError, match="qwen2.5 is not append-only: adding tool"):
+    agent_loops.make_agent_loop(0, "Task", tool_entry(), tok, None)
+
+
+def test_a_cut_response_the_turn_limit_and_the_context_end_episodes_cleanly():
+  tok = tokenizer_for("default")
+  # cut at its token budget inside a call: a bad_json error the model reads, then the limit
+  loop = agent_loops.make_agent_loop(0, "Task", tool_entry(max_turns=2), tok, None,
+                                     sequence_length=4000)
+  loop.generate = Script(tok, ['<tool_call>\n{"name": "calculator", "argu', "no answer"], cut=(0,))
+  traj = asyncio.run(loop.run_episode(Ticket(0, "Task", 0, 0, 3)))
+  assert traj.transcript[0]["tool_errors"] == ["bad_json"]
+  assert traj.finish == "truncated" and traj.num_invalid_actions == 1 and traj.score == 0.0
+  decoded = tok.decode(traj.samples[0].input_ids)
+  assert '"argu<|im_end|>\n<|im_start|>user\n<tool_response>\nerror: the tool call is not' in decoded
+  # out of context: a long tool result leaves no room for the next response
+  loop = agent_loops.make_agent_loop(0, "Task", tool_entry(max_tool_response_length=1000), tok,
+                                     None, sequence_length=900)
+  loop.generate = Script(tok, [calls(("python", {"code": "print('w ' * 2000)"}))] * 6)
+  traj = asyncio.run(loop.run_episode(Ticket(0, "Task", 0, 0, 3)))
+  assert traj.finish == "length" and len(traj.samples[0].input_ids) <= 900
+
+
+def test_tool_configs_are_checked_by_name():
+  c = config_lib.load_file(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir,
+                                        "configs", "frozenlake.py"))
+  c.custom_envs.FrozenLake.tools = ("calculator",)
+  c.custom_envs.Bad = config_lib.env_entry("ReasoningTask", agent_loop="robot", tools=("abacus",))
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(c)
+  errors = dict(e.value.errors)
+  assert "never calls tools" in errors["custom_envs.FrozenLake.tools"]
+  assert "unknown agent loop 'robot'" in errors["custom_envs.Bad.agent_loop"]
+  assert "unknown tool 'abacus'" in errors["custom_envs.Bad.tools"]
+  with pytest.raises(ValueError, match="unknown reasoning-gym|'no_such_family'"):
+    envs.make_env("ReasoningTask", {"datasets": ("no_such_family",)})
