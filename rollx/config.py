@@ -271,7 +271,8 @@ def default_config() -> ml_collections.ConfigDict:
 def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
               max_tokens_per_step: int = 64, system_prompt: str = "",
               turn_template: str = "", instructions: str = "", agent_loop: str = "game",
-              tools: Tuple[str, ...] = (), max_turns: int = 8,
+              tools: Tuple[str, ...] = (), mcp_servers: Tuple[str, ...] = (),
+              max_turns: int = 8,
               max_tool_response_length: int = 256) -> ml_collections.ConfigDict:
   """A `custom_envs` entry: which env class, its config, the per-turn token cap, and
   the prompt text ('' = ROLL's system prompt / turn template, rollx.rollout.prompts;
@@ -280,11 +281,11 @@ def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
   `agent_loop` (rollx.rollout.agent_loops): 'game' (each response is an env action) or
   'tool' (the model calls `tools`, registered names of rollx.tools, between answers;
   at most `max_turns` responses; each tool result cut to `max_tool_response_length`
-  tokens)."""
+  tokens). `mcp_servers`: commands of local MCP servers (stdio) whose tools join."""
   return _cd(env_type=env_type, env_config=_cd(**(env_config or {})),
              max_tokens_per_step=max_tokens_per_step, system_prompt=system_prompt,
              turn_template=turn_template, instructions=instructions, agent_loop=agent_loop,
-             tools=tuple(tools), max_turns=max_turns,
+             tools=tuple(tools), mcp_servers=tuple(mcp_servers), max_turns=max_turns,
              max_tool_response_length=max_tool_response_length)
 
 
@@ -586,6 +587,12 @@ def _custom_envs(c: _Checker, cfg):
                 f"{', '.join(tools_lib.registered_tools())}")
       elif names and loop != "tool":
         c.error(f"{path}.tools", f"set, but agent_loop={loop!r} never calls tools (use 'tool')")
+    servers = entry.get("mcp_servers", ())
+    if not isinstance(servers, (tuple, list)) or not all(
+        isinstance(x, str) and x.strip() for x in servers):
+      c.error(f"{path}.mcp_servers", f"expected a tuple of commands, got {servers!r}")
+    elif servers and loop != "tool":
+      c.error(f"{path}.mcp_servers", f"set, but agent_loop={loop!r} never calls tools (use 'tool')")
     for key in ("system_prompt", "turn_template", "instructions"):
       if not isinstance(entry.get(key, ""), str):
         c.error(f"{path}.{key}", f"expected str, got {entry.get(key)!r}")

@@ -169,3 +169,31 @@ def test_tool_configs_are_checked_by_name():
   assert "unknown tool 'abacus'" in errors["custom_envs.Bad.tools"]
   with pytest.raises(ValueError, match="unknown reasoning-gym|'no_such_family'"):
     envs.make_env("ReasoningTask", {"datasets": ("no_such_family",)})
+
+
+def test_an_mcp_servers_tools_join_the_tool_set_and_answer_calls():
+  import sys
+  server = f"{sys.executable} {os.path.join(TEMPLATES, os.pardir, 'mcp_server.py')}"
+  tok = tokenizer_for("qwen2.5")
+  loop = agent_loops.make_agent_loop(0, "Task", tool_entry(tools=("calculator",), mcp_servers=(server,)),
+                                     tok, None, sequence_length=4000)
+  names = [s["function"]["name"] for s in loop.toolset.schemas()]
+  assert names == ["calculator", "add", "shout"]
+  add = loop.toolset.tools["add"]
+  assert add.parameters["required"] == ["a", "b"] and add.description == "Adds two integers."
+  env = loop.env
+  env.reset(seed=5)
+  loop.generate = Script(tok, [
+      calls(("add", {"a": 2, "b": 40}), ("shout", {"text": "hi"}), ("shout", {"text": ""}),
+            ("add", {"a": "x"})),
+      calls(("add", {"a": 1, "b": 2})),  # the same server process, a second round
+      f"<answer>{env.entry['answer']}</answer>"])
+  traj = asyncio.run(loop.run_episode(Ticket(0, "Task", 0, 0, 5)))
+  first, second = [t for t in traj.transcript if t["action"] == "tool_call"]
+  assert first["tool_results"][:2] == ["42", "HI"]
+  assert first["tool_errors"] == [None, None, "tool_error", "bad_arguments"]
+  assert "nothing to shout" in first["tool_results"][2]
+  assert second["tool_results"] == ["3"] and traj.success
+  with pytest.raises(ValueError, match="mcp_servers: 'nonexistent-mcp-command' did not list"):
+    agent_loops.make_agent_loop(0, "Task", tool_entry(mcp_servers=("nonexistent-mcp-command",)),
+                                tok, None)
