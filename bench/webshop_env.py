@@ -3,7 +3,8 @@
     python bench/webshop_env.py [--episodes 1000]
     python bench/webshop_env.py --quick    # `make bench`: 200 episodes
 
-Prints, on the synthetic catalog (3,000 products) and its validation instructions:
+Prints, on the synthetic catalog (3,000 products) and its validation instructions, with
+WebShop's 10 results a page and 15 actions, then configs/webshop.py's 3 and 8:
 - env steps/s of the env alone under a uniformly random valid-action policy (search
   pages, result pages, item pages, purchases);
 - the mean reward and success of that random policy and of an oracle that reads the
@@ -78,16 +79,19 @@ def main():
   args = parser.parse_args()
   if args.quick:
     args.episodes = 200
-  env = envs.make_env("WebShop", {"split": "validation"})
-  env.catalog.search("warm up the index")
-  rng = np.random.default_rng(0)
-  start = time.perf_counter()
-  reward, success, steps = play(env, "random", args.episodes, rng)
-  rate = steps / (time.perf_counter() - start)
-  print(f"random valid actions: {rate:,.0f} env steps/s (search included), mean reward "
-        f"{reward:.3f}, success {success:.3f} over {args.episodes} validation episodes")
-  reward, success, _ = play(env, "oracle", args.episodes, rng)
-  print(f"oracle: mean reward {reward:.3f}, success {success:.3f}")
+  # WebShop's page size and step budget, then configs/webshop.py's
+  for setting in ({}, {"results_per_page": 3, "max_steps": 8}):
+    env = envs.make_env("WebShop", {"split": "validation", **setting})
+    env.catalog.search("warm up the index")
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    reward, success, steps = play(env, "random", args.episodes, rng)
+    rate = steps / (time.perf_counter() - start)
+    name = f"{env.config.results_per_page} results a page, {env.config.max_steps} actions"
+    print(f"[{name}] random valid actions: {rate:,.0f} env steps/s (search included), mean "
+          f"reward {reward:.3f}, success {success:.3f} over {args.episodes} validation episodes")
+    reward, success, _ = play(env, "oracle", args.episodes, rng)
+    print(f"[{name}] oracle: mean reward {reward:.3f}, success {success:.3f}")
   queries = [g.instruction for g in env.catalog.validation_goals][:max(args.episodes // 4, 20)]
   start = time.perf_counter()
   for q in queries:
