@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import zlib
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -196,8 +197,8 @@ class SearchIndex:
       self.retriever.save(tmp)
       try:
         os.replace(tmp, path)  # atomic: concurrent env workers never read half an index
-      except OSError:
-        pass  # another process saved it first
+      except OSError:  # another process saved it first
+        shutil.rmtree(tmp, ignore_errors=True)
 
   def search(self, query: str, k: int) -> List[str]:
     tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False,
