@@ -190,7 +190,8 @@ def test_the_default_recipe_warm_starts_sokoban_on_boards_with_the_line():
 def test_warm_start_steps_start_a_run_from_a_warm_started_copy(tmp_path):
   import os
   from safetensors.numpy import load_file
-  config = config_lib.validate(config_lib.load_file(os.path.join(ROOT, "configs", "webshop.py")))
+  # FrozenLake's short rows keep the two steps cheap; WebShop's transcripts are below
+  config = config_lib.validate(config_lib.load_file(os.path.join(ROOT, "configs", "frozenlake.py")))
   config.output_dir = str(tmp_path)
   config.warm_start_steps = 2
   path = warm_start.for_config(config)
@@ -205,9 +206,10 @@ def test_warm_start_steps_start_a_run_from_a_warm_started_copy(tmp_path):
   assert os.path.getmtime(os.path.join(path, "model.safetensors")) == stamp
   # the transcripts: WebShop pages, every answer valid on its page, the same step-wise cut
   tokenizer = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
-  entry = ("WebShop", config.custom_envs.WebShop.to_dict(), dict(step_wise=True, history_length=0), 1.0)
+  shop = config_lib.validate(config_lib.load_file(os.path.join(ROOT, "configs", "webshop.py")))
+  entry = ("WebShop", shop.custom_envs.WebShop.to_dict(), dict(step_wise=True, history_length=0), 1.0)
   episodes = warm_start.random_valid_episodes(tokenizer, [entry], 20, seed=0,
-                                              sequence_length=config.sequence_length)
+                                              sequence_length=shop.sequence_length)
   turns = [turn for t in episodes for turn in t.transcript]
   assert len(turns) > 40 and all(turn["valid"] for turn in turns)
   assert {turn["action"].split("[")[0] for turn in turns} == {"search", "click"}
