@@ -161,7 +161,9 @@ class AgenticPipeline:
       t = time.time()
       metrics.update(self.validate())
       metrics["time/validation"] = time.time() - t
+    before = self._served_tokens()
     batch, samples, adv, returns = self.collect(metrics)
+    metrics.update(self._prefill_per_turn(before, batch))
     self.learner.learn(batch, samples, adv, returns, self.step, metrics)
     self._summarise(batch, metrics)
     metrics["time/step"] = time.time() - t0
@@ -169,6 +171,27 @@ class AgenticPipeline:
     if self.step % c.logging_steps == 0:
       self.tracker.transcripts(self.step, batch.trajectories, self.tokenizer)
     return metrics
+
+  def _served_tokens(self):
+    """(prompt tokens prefilled, prompt tokens reused from cached KV) over the servers,
+    or None when a server does not answer (restarting)."""
+    import ray
+    try:
+      stats = ray.get([a.stats.remote() for a in self.servers.actors], timeout=30)
+    except Exception:  # noqa: BLE001 - metrics only; the rollout reports real failures
+      return None
+    return (sum(s["prefilled_tokens"] for s in stats), sum(s["reused_tokens"] for s in stats))
+
+  def _prefill_per_turn(self, before, batch: RolloutBatch) -> Dict[str, float]:
+    """Prompt tokens the servers prefilled (and reused, with `reuse_kv`) per model turn of
+    the step's collection: what KV reuse across turns saves. Async collections overlap
+    training, so there it is an estimate."""
+    after = self._served_tokens()
+    turns = sum(t.num_turns for t in batch.trajectories)
+    if before is None or after is None or not turns or after[0] < before[0]:
+      return {}  # a restarted server counts from zero
+    return {"rollout/prefill_tokens_per_turn": (after[0] - before[0]) / turns,
+            "rollout/reused_tokens_per_turn": (after[1] - before[1]) / turns}
 
   def _summarise(self, batch: RolloutBatch, metrics: Dict[str, float]) -> None:
     """The headline figures: means over env tags of the per-tag metrics."""

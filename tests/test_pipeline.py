@@ -111,6 +111,10 @@ def test_train_three_steps_end_to_end(trained_run):
   assert all(v < 1e-4 for v in scalars["rollout_correction/mismatch_abs"].values())
   assert all(v == 0 for v in scalars["rollout_correction/version_lag_mean"].values())
   assert scalars["rollout/rounds"] == {0: 2.0, 1: 2.0, 2: 2.0}
+  # the servers prefilled each turn's ~40-token history-free prompt whole (no reuse_kv)
+  assert sorted(scalars["rollout/prefill_tokens_per_turn"]) == [0, 1, 2]
+  assert all(30 < v < 60 for v in scalars["rollout/prefill_tokens_per_turn"].values())
+  assert all(v == 0 for v in scalars["rollout/reused_tokens_per_turn"].values())
   assert scalars["FrozenLake/num_episodes"] == {0: 32.0, 1: 32.0, 2: 32.0}
   assert all(0 <= v <= 4 for v in scalars["rollout/informative_groups"].values())
   # the config bounds each actor update's KL (max_update_kl): the search ran every step
