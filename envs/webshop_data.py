@@ -194,10 +194,10 @@ class SearchIndex:
       self.retriever.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False),
                            show_progress=False)
       tmp = f"{path}.tmp{os.getpid()}"
-      self.retriever.save(tmp)
       try:
+        self.retriever.save(tmp)
         os.replace(tmp, path)  # atomic: concurrent env workers never read half an index
-      except OSError:  # another process saved it first
+      except OSError:  # another process saved it first, or no writable cache: no matter
         shutil.rmtree(tmp, ignore_errors=True)
 
   def search(self, query: str, k: int) -> List[str]:
