@@ -42,11 +42,11 @@ class ToolAgentLoop(EnvManager):
       raise ValueError(f"custom_envs.{self.tag}: agent_loop 'tool' needs trajectory-wise "
                        "samples (env_manager_type='trajectory')")
     from rollx import tools as tools_lib
-    from rollx.tools.mcp_tools import MCPServer
+    from rollx.tools.mcp_tools import server_tools
     entry = self.entry
     declared = [tools_lib.get_tool(n) for n in entry.get("tools") or ()]
     for command in entry.get("mcp_servers") or ():
-      declared += MCPServer(command).tools()
+      declared += server_tools(command)
     self.toolset = tools_lib.ToolSet(declared)
     self.max_turns = int(entry.get("max_turns") or 8)
     self.max_tool_tokens = int(entry.get("max_tool_response_length") or 256)

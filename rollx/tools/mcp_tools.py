@@ -15,12 +15,20 @@ loop share the server process.
 from __future__ import annotations
 
 import asyncio
+import functools
 import shlex
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from rollx.tools.base import Tool
 
 START_TIMEOUT_S = 60.0
+
+
+@functools.lru_cache(maxsize=None)
+def server_tools(command: str) -> Tuple[Tool, ...]:
+  """The tools of the MCP server `command`, one server (and session per event loop) per
+  process however many envs of the process list it."""
+  return tuple(MCPServer(command).tools())
 
 
 class MCPServer:
