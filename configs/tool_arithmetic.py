@@ -9,10 +9,11 @@ Command:   python -m rollx.train --config=configs/tool_arithmetic.py
            --policy=human
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
 Runtime:   a 2-step smoke run is in `make test`; no learning run is recorded yet.
-Expected:  not measured yet. The default model has never seen a tool call: its answers
-           are invalid (score 0) until it is warm started on tool-use demonstrations; a
-           real run starts from an instruct model that calls tools
-           (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct).
+Expected:  not measured yet. The default model has never seen a tool call, so the run
+           first warm starts a copy on solved tool-use demonstrations of other task
+           families (chain sums and products, rollx.recipes.tool_demos); a real run
+           starts from an instruct model that calls tools
+           (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct --config.warm_start_steps=0).
 
 Tasks are reasoning-gym's `basic_arithmetic` with 3-4 terms of 3-4 digits: exact answers
 a small model cannot compute in its head, and a calculator call away. Training and
@@ -34,6 +35,8 @@ def get_config():
   config.val_batch_size = 64  # 64 unseen problems, greedy
   config.sequence_length = 1024  # system + tools (~250 tokens), the problem, 3 rounds of calls
 
+  # calculator demonstrations on chain sums and products (not basic_arithmetic) first
+  config.warm_start_steps = 200
   config.adv_estimator = "grpo"  # group-normalised scores of whole conversations
   config.reward_normalization.method = "mean"  # centred: a lone success keeps its scale
   config.whiten_advantages = True

@@ -152,9 +152,11 @@ def _lm_loss(model, params, batch, rng):
 def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_rate: float = 2e-3,
                seed: int = 0, entries=WARM_START_ENVS, log_every: int = 50,
                think_tags: Sequence[str] = (), sequence_length: int = SEQUENCE_LENGTH,
-               num_episodes: Optional[int] = None) -> dict:
+               num_episodes: Optional[int] = None,
+               episodes: Optional[List[Trajectory]] = None) -> dict:
   """Trains the model in `model_dir` in place on random-valid-answer episodes
-  (`num_episodes`, default steps x batch_size: one per row the steps read)."""
+  (`num_episodes`, default steps x batch_size: one per row the steps read), or on
+  `episodes` when given."""
   from rollx.trainer.step import Trainer
   from rollx import models
   loaded = models.load_model(model_dir)
@@ -170,8 +172,9 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
   state = trainer.init_state(jax.device_get(loaded.params))
   # Packed rows (rollx.trainer.packing): random episodes are short, padding would
   # be most of the compute.
-  episodes = random_valid_episodes(tokenizer, entries, num_episodes or steps * batch_size, seed,
-                                   sequence_length, think_tags=think_tags)
+  if episodes is None:
+    episodes = random_valid_episodes(tokenizer, entries, num_episodes or steps * batch_size,
+                                     seed, sequence_length, think_tags=think_tags)
   samples = collate(episodes, sequence_length)
   plan = packing.plan(samples.segment_ids.sum(axis=1), sequence_length, batch_size)
   predicted = samples.segment_ids.astype(np.float32)
@@ -197,14 +200,23 @@ def for_config(config) -> str:
   """The model directory a run with `warm_start_steps` > 0 starts from: a copy of
   `pretrain` in output_dir/warm_start, trained on random-valid-action transcripts of the
   train envs, cut into samples as the train env manager cuts them (an equal share of
-  episodes per tag). Built once: a resumed run finds it and reuses it."""
+  episodes per tag); tool-loop envs get solved tool-use demonstrations on other task
+  families instead (rollx.recipes.tool_demos). Built once: a resumed run finds it and
+  reuses it."""
   import os
   import shutil
   from rollx import models
   from rollx.rollout.env_worker import manager_kwargs
+  from rollx.recipes import tool_demos
   target = os.path.join(config.output_dir, "warm_start")
   if os.path.isfile(os.path.join(target, "config.json")):
     return target
+  for tag in config.train_env_manager.tags:
+    entry = config.custom_envs[tag]
+    overlap = tool_demos.demo_families_overlap(entry.env_config.get("datasets", ()))
+    if entry.get("agent_loop") == "tool" and overlap:
+      raise ValueError(f"custom_envs.{tag}.env_config.datasets: {overlap} are the tool "
+                       "demonstrations' families; RL must be measured on others")
   tmp = f"{target}.tmp{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
   shutil.copytree(models.resolve_model_dir(config.pretrain), tmp)
@@ -221,8 +233,19 @@ def for_config(config) -> str:
                                          config.custom_envs[t].env_config.to_dict()).max_steps
                     for t in tags)
     rows = -(-rows // max(1, max_steps // 2))
+  # tool loops: solved demonstrations on other task families (rollx.recipes.tool_demos)
+  tokenizer = hf.load_tokenizer(tmp)
+  episodes = []
+  for k, (tag, entry, manager_args, share) in enumerate(entries):
+    n = max(1, round(rows * share))
+    if entry.get("agent_loop") == "tool":
+      episodes += tool_demos.demonstration_episodes(tokenizer, entry, n, config.seed + k,
+                                                    config.sequence_length)
+    else:
+      episodes += random_valid_episodes(tokenizer, [(tag, entry, manager_args, 1.0)], n,
+                                        config.seed + k, config.sequence_length)
   warm_start(tmp, steps=config.warm_start_steps, seed=config.seed, entries=entries,
-             sequence_length=config.sequence_length, num_episodes=rows,
+             sequence_length=config.sequence_length, episodes=episodes,
              log_every=max(1, config.warm_start_steps // 4))
   os.replace(tmp, target)  # whole or absent: a run killed mid-way builds it again
   return target

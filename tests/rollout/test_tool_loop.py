@@ -209,3 +209,26 @@ def test_rollx_play_prints_each_tool_call_and_result(capsys):
   out = capsys.readouterr().out
   assert "[tool call] calculator {'expression': '6 * 7'}\n[tool result] '42'" in out
   assert "[action] tool_call" in out and "[action] 42" in out
+
+
+def test_tool_demonstrations_solve_other_families_through_the_real_loop(tmp_path):
+  from rollx.recipes import tool_demos, warm_start
+  config = config_lib.validate(config_lib.load_file(os.path.join(
+      os.path.dirname(__file__), os.pardir, os.pardir, "configs", "tool_arithmetic.py")))
+  tok = hf.load_tokenizer(DEFAULT_MODEL_DIR)
+  episodes = tool_demos.demonstration_episodes(
+      tok, config.custom_envs.Arithmetic.to_dict(), 6, seed=0, sequence_length=1024)
+  assert len(episodes) == 6 and all(t.success and t.score == 1.0 for t in episodes)
+  for t in episodes:
+    call, answer = t.transcript
+    assert call["action"] == "tool_call" and call["tool_errors"] == [None]
+    assert answer["action"] == call["tool_results"][0]  # the answer is the tool's result
+    question = t.transcript[0]["observation"]
+    assert question.startswith(("State the final answer", "Solve the following multiplication"))
+  assert not tool_demos.demo_families_overlap(config.custom_envs.Arithmetic.env_config.datasets)
+  config.output_dir = str(tmp_path)
+  config.warm_start_steps = 1
+  config.custom_envs.Arithmetic.env_config.datasets = ("products",)
+  with pytest.raises(ValueError, match=r"Arithmetic.env_config.datasets: \['products'\]"):
+    warm_start.for_config(config)
+  assert os.listdir(tmp_path) == []
