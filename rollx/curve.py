@@ -27,7 +27,8 @@ FLAGS = flags.FLAGS
 
 
 def learning_curve(config, minutes: float, log=print):
-  """[(minutes, step, val_success, train_success)] for one run of `config`."""
+  """[(minutes, step, val_success, train_success, val_score)] for one run of `config`
+  (val_score: the validation episodes' mean score, format penalties included)."""
   from rollx.pipeline import AgenticPipeline
   start = time.time()
   pipeline = AgenticPipeline(config)
@@ -37,8 +38,11 @@ def learning_curve(config, minutes: float, log=print):
     elapsed = (time.time() - start) / 60
     if "val_success" in metrics:
       # the validation ran at the start of this step, on the weights of the step before
-      curve.append((elapsed, step, metrics["val_success"], metrics["success"]))
+      scores = [v for k, v in metrics.items() if k.startswith("val/") and k.endswith("/score_mean")]
+      val_score = sum(scores) / len(scores)
+      curve.append((elapsed, step, metrics["val_success"], metrics["success"], val_score))
       log(f"{elapsed:6.2f} min  step {step:4d}  val_success {metrics['val_success']:.3f}  "
+          f"val_score {val_score:+.3f}  "
           f"train_success {metrics['success']:.3f}  entropy {metrics['entropy']:.3f}  "
           f"step_s {metrics['time/step']:.1f}")
     return elapsed >= minutes
@@ -48,19 +52,22 @@ def learning_curve(config, minutes: float, log=print):
 
 
 def plot(curves, path: str, title: str, minutes: float, refs=(), bar=0.8,
-         legend_top: bool = False) -> None:
-  """Validation success vs minutes, one line per run (PIL: no plotting dependency);
-  `refs`: (label, success) levels drawn as dotted lines (e.g. a reference policy's);
-  `bar`: the grid line drawn darker (FrozenLake's 0.8 target; None for no target);
-  `legend_top`: the legend at the top right, for curves that stay low (Sokoban)."""
+         legend_top: bool = False, ylim=(0.0, 1.0)) -> None:
+  """Validation success (each curve row's third value) vs minutes, one line per run (PIL:
+  no plotting dependency); `refs`: (label, success) levels drawn as dotted lines (e.g. a
+  reference policy's); `bar`: the grid line drawn darker (FrozenLake's 0.8 target; None
+  for no target); `legend_top`: the legend at the top right, for curves that stay low
+  (Sokoban); `ylim`: the value range drawn (a score below 0, say)."""
   from PIL import Image, ImageDraw
   w, h, left, bottom, top, right = 640, 360, 50, 40, 30, 20
   img = Image.new("RGB", (w, h), "white")
   d = ImageDraw.Draw(img)
+  lo, hi = ylim
   x = lambda m: left + (w - left - right) * m / minutes
-  y = lambda v: h - bottom - (h - bottom - top) * v
-  for v in (0, 0.2, 0.4, 0.6, 0.8, 1.0):
-    d.line([(left, y(v)), (w - right, y(v))], fill=(150, 150, 150) if v == bar else (230, 230, 230))
+  y = lambda v: h - bottom - (h - bottom - top) * (v - lo) / (hi - lo)
+  for v in (lo + (hi - lo) * i / 5 for i in range(6)):
+    major = bar is not None and abs(v - bar) < 1e-9
+    d.line([(left, y(v)), (w - right, y(v))], fill=(150, 150, 150) if major else (230, 230, 230))
     d.text((8, y(v) - 6), f"{v:.1f}", fill="black")
   for label, level in refs:
     for x0 in range(left, w - right, 8):
@@ -95,17 +102,18 @@ def main(argv):
     config.seed = FLAGS.seed
   config.max_steps = 100_000  # the budget stops it
   curve = learning_curve(config, FLAGS.minutes)
-  first = next((m for m, _, v, _ in curve if v >= 0.8), None)
+  first = next((m for m, _, v, *_ in curve if v >= 0.8), None)
   base = curve[0][2]
   print(f"seed {config.seed}: val_success {base:.3f} at start -> {curve[-1][2]:.3f} at "
         f"{curve[-1][0]:.1f} min (ratio {curve[-1][2] / max(base, 1e-3):.1f}x vs the "
         f"warm start); first >= 0.8 at "
         f"{'%.1f min' % first if first is not None else 'never'}; min after that "
-        f"{min((v for m, _, v, _ in curve if first is not None and m >= first), default=float('nan')):.3f}")
+        f"{min((v for m, _, v, *_ in curve if first is not None and m >= first), default=float('nan')):.3f}; "
+        f"val_score {curve[0][4]:+.3f} -> {curve[-1][4]:+.3f}")
   if FLAGS.out:
     with open(FLAGS.out + ".csv", "w", newline="") as f:
       w = csv.writer(f)
-      w.writerow(["minutes", "step", "val_success", "train_success"])
+      w.writerow(["minutes", "step", "val_success", "train_success", "val_score"])
       w.writerows(curve)
     plot([(f"seed {config.seed}", curve)], FLAGS.out + ".png",
          f"{config.exp_name}: validation success (unseen maps, greedy)", FLAGS.minutes)

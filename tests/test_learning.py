@@ -17,9 +17,9 @@ REACH_BY_MIN, REACH, HOLD_TO_MIN, HOLD = 20.0, 0.8, 30.0, 0.7
 
 
 def meets_the_bar(curve):
-  reached = [m for m, _, v, _ in curve if v >= REACH]
+  reached = [m for m, _, v, *_ in curve if v >= REACH]
   assert reached and reached[0] <= REACH_BY_MIN, f"never >= {REACH} by minute {REACH_BY_MIN}: {curve}"
-  after = [v for m, _, v, _ in curve if m >= reached[0]]
+  after = [v for m, _, v, *_ in curve if m >= reached[0]]
   assert min(after) >= HOLD, f"collapsed after reaching {REACH}: {curve}"
 
 
@@ -65,7 +65,7 @@ def test_one_fixed_map_is_learned_in_minutes(tmp_path):
   config.eval_steps, config.max_steps = 3, 100_000
   _write_under(config, tmp_path)
   curve = learning_curve(config, 6.0)
-  assert curve[0][3] <= 0.5 and max(t for _, _, _, t in curve) >= 0.8, curve
+  assert curve[0][3] <= 0.5 and max(t for _, _, _, t, *_ in curve) >= 0.8, curve
   assert curve[-1][3] >= curve[0][3] + 0.3 and curve[-1][2] == 1.0, curve
 
 
@@ -84,8 +84,8 @@ def test_simple_sokoban_rises_over_an_hour(seed, tmp_path):
   config.seed, config.max_steps = seed, 100_000
   _write_under(config, tmp_path)
   curve = learning_curve(config, SOKOBAN_MINUTES)
-  first = [v for m, _, v, _ in curve if m <= 10.0]
-  last = [v for m, _, v, _ in curve if m >= SOKOBAN_MINUTES - 20.0]
+  first = [v for m, _, v, *_ in curve if m <= 10.0]
+  last = [v for m, _, v, *_ in curve if m >= SOKOBAN_MINUTES - 20.0]
   mean_first, mean_last = sum(first) / len(first), sum(last) / len(last)
   assert mean_last >= 2 * mean_first and mean_last > SOKOBAN_RANDOM_MOVES, (
       f"validation mean {mean_first:.3f} over the first 10 min, {mean_last:.3f} over the "
