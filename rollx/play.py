@@ -23,7 +23,7 @@ import jax
 
 from rollx import cli, models
 from rollx.models import hf, llm
-from rollx.rollout.agent_loops import make_agent_loop
+from rollx.rollout.agent_loops import describe_turn, make_agent_loop
 from rollx.rollout.env_manager import EnvManager
 from rollx.rollout.types import Ticket
 from rollx.serving.client import Generation
@@ -82,12 +82,7 @@ def local_manager(config, tag: str, policy=None, val: bool = False, on_turn=None
 
 
 def print_turn(manager: EnvManager, record: dict) -> None:
-  tok = manager.tokenizer
-  print(f"----- turn {record['turn']} -----\n[prompt]\n{tok.decode(record['prompt_ids'])}")
-  print(f"[response] {record['response']!r}")
-  for (name, arguments), result in zip(record.get("tool_calls", ()), record.get("tool_results", ())):
-    print(f"[tool call] {name or '?'} {arguments!r}\n[tool result] {result!r}")
-  print(f"[action] {record['action'] or 'INVALID'}   [reward] {record['reward']:+.2f}", flush=True)
+  print(describe_turn(manager.tokenizer, record), flush=True)
 
 
 def main(argv: List[str]) -> None:

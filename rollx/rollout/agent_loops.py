@@ -146,6 +146,17 @@ class ToolAgentLoop(EnvManager):
         transcript=transcript, frames=frames, tool_counts=counts)
 
 
+def describe_turn(tokenizer, record: Dict[str, Any]) -> str:
+  """A transcript turn as `rollx.play` prints it: the prompt the model saw, its response,
+  each tool call and result (tool loop), the parsed action and the reward."""
+  lines = [f"----- turn {record['turn']} -----", "[prompt]", tokenizer.decode(record["prompt_ids"]),
+           f"[response] {record['response']!r}"]
+  for (name, arguments), result in zip(record.get("tool_calls", ()), record.get("tool_results", ())):
+    lines += [f"[tool call] {name or '?'} {arguments!r}", f"[tool result] {result!r}"]
+  lines.append(f"[action] {record['action'] or 'INVALID'}   [reward] {record['reward']:+.2f}")
+  return "\n".join(lines)
+
+
 AGENT_LOOPS = {"game": EnvManager, "tool": ToolAgentLoop}
 
 

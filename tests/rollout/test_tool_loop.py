@@ -199,14 +199,16 @@ def test_an_mcp_servers_tools_join_the_tool_set_and_answer_calls():
                                 tok, None)
 
 
-def test_rollx_play_prints_each_tool_call_and_result(capsys):
-  from rollx import play
+def test_rollx_play_prints_each_tool_call_and_result():
+  # (rollx.play itself defines command-line flags at import: its describe_turn is here)
   tok = tokenizer_for("default")
-  loop = agent_loops.make_agent_loop(0, "Task", tool_entry(), tok, None, sequence_length=4000,
-                                     on_turn=play.print_turn)
+  printed = []
+  loop = agent_loops.make_agent_loop(
+      0, "Task", tool_entry(), tok, None, sequence_length=4000,
+      on_turn=lambda manager, record: printed.append(agent_loops.describe_turn(tok, record)))
   loop.generate = Script(tok, [calls(("calculator", {"expression": "6 * 7"})), "<answer>42</answer>"])
   asyncio.run(loop.run_episode(Ticket(0, "Task", 0, 0, 1)))
-  out = capsys.readouterr().out
+  out = "\n".join(printed)
   assert "[tool call] calculator {'expression': '6 * 7'}\n[tool result] '42'" in out
   assert "[action] tool_call" in out and "[action] 42" in out
 
