@@ -32,6 +32,17 @@ def compile_action_pattern(pattern: str) -> re.Pattern:
   return compiled
 
 
+def extract_answer(text, pattern: str = DEFAULT_ACTION_PATTERN) -> Optional[str]:
+  """The stripped text of the first `pattern` match in `text` (its capture group), or
+  None; non-string input has none. Envs whose actions take arguments parse this."""
+  if not isinstance(text, str):
+    return None
+  match = compile_action_pattern(pattern).search(text[:MAX_RESPONSE_CHARS])
+  if match is None or match.group(1) is None:
+    return None
+  return match.group(1).strip()
+
+
 def parse_action(text, valid_actions: Sequence[str],
                  pattern: str = DEFAULT_ACTION_PATTERN) -> Optional[str]:
   """Returns the canonical action named in `text`, or None when there is none.
@@ -39,12 +50,10 @@ def parse_action(text, valid_actions: Sequence[str],
   The first match of `pattern` is taken; its group is stripped and compared to
   `valid_actions` case-insensitively. Non-string input is treated as unparseable.
   """
-  if not isinstance(text, str):
+  answer = extract_answer(text, pattern)
+  if answer is None:
     return None
-  match = compile_action_pattern(pattern).search(text[:MAX_RESPONSE_CHARS])
-  if match is None or match.group(1) is None:
-    return None
-  answer = match.group(1).strip().lower()
+  answer = answer.lower()
   for action in valid_actions:
     if answer == action.lower():
       return action

@@ -100,14 +100,8 @@ class ReasoningTask(base.TextEnv):
     return self.entry["question"]
 
   def parse(self, action_text) -> Optional[str]:
-    if not isinstance(action_text, str):
-      return None
-    match = parsing.compile_action_pattern(self.config.action_pattern).search(
-        action_text[:parsing.MAX_RESPONSE_CHARS])
-    if match is None or match.group(1) is None:
-      return None
-    answer = match.group(1).strip()
-    return answer if 0 < len(answer) <= MAX_ANSWER_CHARS else None
+    answer = parsing.extract_answer(action_text, self.config.action_pattern)
+    return answer if answer and len(answer) <= MAX_ANSWER_CHARS else None
 
   def _apply(self, action: str) -> Tuple[float, bool, bool]:
     self.answer = action

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from envs import base, webshop_data
+from envs import base, parsing, webshop_data
 from envs.registry import register_env
 
 BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE = "Back to Search", "Next >", "< Prev"
@@ -130,14 +130,8 @@ class WebShop(base.TextEnv):
   def parse(self, action_text) -> Optional[str]:
     """`search[query]` (on the search page) or `click[element]` (an element the page
     shows, case-insensitive) in canonical form, else None."""
-    if not isinstance(action_text, str):
-      return None
-    from envs import parsing
-    match = parsing.compile_action_pattern(self.config.action_pattern).search(
-        action_text[:parsing.MAX_RESPONSE_CHARS])
-    if match is None or match.group(1) is None:
-      return None
-    action = _ACTION.fullmatch(match.group(1))
+    answer = parsing.extract_answer(action_text, self.config.action_pattern)
+    action = _ACTION.fullmatch(answer) if answer is not None else None
     if action is None:
       return None
     verb, argument = action.group(1).lower(), " ".join(action.group(2).split())

@@ -90,15 +90,8 @@ class ToolAgentLoop(EnvManager):
         if budget < 1 or len(ids) > self.max_prompt_length:
           finish = "length"
           break
-        gen = await self.generate(self._request_id(ticket, turn), list(ids), budget,
-                                  trajectory_id=traj_key, mode=self.mode)
-        response = list(gen.token_ids)
-        ids += response
-        mask += [1] * len(response)
-        versions += list(gen.token_versions) or [gen.policy_version] * len(response)
-        logp = list(getattr(gen, "behaviour_logp", None) or ())
-        behaviour += logp if len(logp) == len(response) else [NAN] * len(response)
-        text = self.tokenizer.decode(response, skip_special_tokens=True)
+        _, response, text = await self._respond(ticket, turn, traj_key, budget, ids, mask,
+                                                versions, behaviour)
         calls = session.parse(text)
         record = {"turn": turn, "prompt_ids": turn_prompt, "response_ids": response,
                   "response": text, "observation": obs}

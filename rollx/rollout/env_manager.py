@@ -143,15 +143,8 @@ class EnvManager:
       mask += [0] * len(prompt)
       versions += [-1] * len(prompt)
       behaviour += [NAN] * len(prompt)
-      gen = await self.generate(self._request_id(ticket, turn), list(ids), budget,
-                                trajectory_id=traj_key, mode=self.mode)
-      response = list(gen.token_ids)
-      ids += response
-      mask += [1] * len(response)
-      versions += list(gen.token_versions) or [gen.policy_version] * len(response)
-      logp = list(getattr(gen, "behaviour_logp", None) or ())
-      behaviour += logp if len(logp) == len(response) else [NAN] * len(response)
-      text = self.tokenizer.decode(response, skip_special_tokens=True)
+      gen, response, text = await self._respond(ticket, turn, traj_key, budget, ids, mask,
+                                                versions, behaviour)
       acted_on, actions_left = obs, env.actions_left
       if hasattr(env, "astep"):  # envs that wait on I/O (tools, web) step asynchronously
         obs, reward, terminated, truncated, info = await env.astep(text)
@@ -191,6 +184,22 @@ class EnvManager:
         num_ineffective_actions=int(info.get("num_ineffective_actions", 0)),
         finish=finish, start_version=min(response_versions, default=-1),
         transcript=transcript, frames=frames, views=views)
+
+  async def _respond(self, ticket: Ticket, turn: int, traj_key: str, budget: int,
+                     ids: List[int], mask: List[int], versions: List[int],
+                     behaviour: List[float]):
+    """One response to the sequence `ids`: generated, then appended in place to the
+    sample's ids, response mask (1), policy versions and behaviour log-probs (NaN when
+    the server sent none). Returns (generation, response ids, decoded text)."""
+    gen = await self.generate(self._request_id(ticket, turn), list(ids), budget,
+                              trajectory_id=traj_key, mode=self.mode)
+    response = list(gen.token_ids)
+    ids += response
+    mask += [1] * len(response)
+    versions += list(gen.token_versions) or [gen.policy_version] * len(response)
+    logp = list(getattr(gen, "behaviour_logp", None) or ())
+    behaviour += logp if len(logp) == len(response) else [NAN] * len(response)
+    return gen, response, self.tokenizer.decode(response, skip_special_tokens=True)
 
   def _view_sample(self, view: str, observation: str, action: Optional[str], text: str,
                    response: List[int], gen, turn: int, history: List[Dict[str, Any]],

@@ -25,7 +25,6 @@ from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequ
 
 ERROR_KINDS = ("bad_json", "unknown_tool", "bad_arguments", "too_many_calls", "timeout",
                "tool_error")
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 MAX_PARSED_CHARS = 65536  # a response is bounded upstream; the parser bounds its own work
 
