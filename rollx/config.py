@@ -273,7 +273,8 @@ def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
               turn_template: str = "", instructions: str = "", agent_loop: str = "game",
               tools: Tuple[str, ...] = (), mcp_servers: Tuple[str, ...] = (),
               max_turns: int = 8,
-              max_tool_response_length: int = 256) -> ml_collections.ConfigDict:
+              max_tool_response_length: int = 256,
+              agent_program: str = "") -> ml_collections.ConfigDict:
   """A `custom_envs` entry: which env class, its config, the per-turn token cap, and
   the prompt text ('' = ROLL's system prompt / turn template, rollx.rollout.prompts;
   the env's own `instructions`; system_prompt='none': no system message).
@@ -281,15 +282,19 @@ def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
   `agent_loop` (rollx.rollout.agent_loops): 'game' (each response is an env action) or
   'tool' (the model calls `tools`, registered names of rollx.tools, between answers;
   at most `max_turns` responses; each tool result cut to `max_tool_response_length`
-  tokens). `mcp_servers`: commands of local MCP servers (stdio) whose tools join."""
+  tokens). `mcp_servers`: commands of local MCP servers (stdio) whose tools join.
+  'program': `agent_program` ("package.module:function"), an async agent function of the
+  user's, talks to the model through an OpenAI-compatible endpoint; `tools` and
+  `mcp_servers` are offered to it."""
   return _cd(env_type=env_type, env_config=_cd(**(env_config or {})),
              max_tokens_per_step=max_tokens_per_step, system_prompt=system_prompt,
              turn_template=turn_template, instructions=instructions, agent_loop=agent_loop,
              tools=tuple(tools), mcp_servers=tuple(mcp_servers), max_turns=max_turns,
-             max_tool_response_length=max_tool_response_length)
+             max_tool_response_length=max_tool_response_length, agent_program=agent_program)
 
 
 _ENV_ENTRY_KEYS = tuple(env_entry("FrozenLake").keys())
+TOOL_LOOPS = ("tool", "program")  # the agent loops whose episodes may call tools
 
 
 # -- validation ---------------------------------------------------------------
@@ -585,14 +590,23 @@ def _custom_envs(c: _Checker, cfg):
       if unknown:
         c.error(f"{path}.tools", f"unknown tool {unknown[0]!r}; registered: "
                 f"{', '.join(tools_lib.registered_tools())}")
-      elif names and loop != "tool":
+      elif names and loop not in TOOL_LOOPS:
         c.error(f"{path}.tools", f"set, but agent_loop={loop!r} never calls tools (use 'tool')")
     servers = entry.get("mcp_servers", ())
     if not isinstance(servers, (tuple, list)) or not all(
         isinstance(x, str) and x.strip() for x in servers):
       c.error(f"{path}.mcp_servers", f"expected a tuple of commands, got {servers!r}")
-    elif servers and loop != "tool":
+    elif servers and loop not in TOOL_LOOPS:
       c.error(f"{path}.mcp_servers", f"set, but agent_loop={loop!r} never calls tools (use 'tool')")
+    program = entry.get("agent_program", "")
+    if loop == "program":
+      from rollx.rollout.agent_loops import load_program
+      try:
+        load_program(program)
+      except (ValueError, ImportError, AttributeError) as e:
+        c.error(f"{path}.agent_program", str(e))
+    elif program:
+      c.error(f"{path}.agent_program", f"set, but agent_loop={loop!r} (use 'program')")
     for key in ("system_prompt", "turn_template", "instructions"):
       if not isinstance(entry.get(key, ""), str):
         c.error(f"{path}.{key}", f"expected str, got {entry.get(key)!r}")
@@ -708,10 +722,11 @@ def _env_managers(c: _Checker, cfg):
         c.error(f"{name}.tags", f"tag {tag!r} has no custom_envs entry"
                 f"{_did_you_mean(str(tag), cfg.custom_envs.keys())}; "
                 f"custom_envs has: {', '.join(cfg.custom_envs.keys()) or 'nothing'}")
-      elif (cfg.custom_envs[tag].get("agent_loop") == "tool"
+      elif (cfg.custom_envs[tag].get("agent_loop") in TOOL_LOOPS
             and m.env_manager_type != "trajectory"):
-        c.error(f"{name}.env_manager_type", f"tag {tag!r} runs agent_loop 'tool', whose "
-                "episodes are one conversation: needs 'trajectory'")
+        c.error(f"{name}.env_manager_type", f"tag {tag!r} runs agent_loop "
+                f"{cfg.custom_envs[tag].get('agent_loop')!r}, whose episodes are "
+                "conversations: needs 'trajectory'")
     part = m.num_groups_partition
     if part is not None and _is_int(m.num_env_groups):
       if len(part) != len(tags):

@@ -24,6 +24,12 @@ def resolve_model_dir(pretrain: Optional[str]) -> str:
   return DEFAULT_MODEL_DIR if not pretrain else pretrain
 
 
+def model_name(pretrain: Optional[str]) -> str:
+  """The name a server answers to (OpenAI's `model`): the HF directory's name, or
+  `rollx-default` for the shipped model."""
+  return os.path.basename(os.path.normpath(pretrain)) if pretrain else "rollx-default"
+
+
 def load_model(pretrain: Optional[str], dtype: str = "fp32", remat: bool = False,
                head: str = "lm", attention_block: int = llm.ATTENTION_BLOCK) -> LoadedModel:
   """The policy (`head='lm'`) or critic (`head='value'`, trunk from the policy checkpoint)."""

@@ -49,8 +49,9 @@ WARM_START_STEPS = 500  # random-play transcript pretraining (rollx.recipes.warm
 GRID_SYMBOL = r"[^\sa-z](?![a-z])"
 # ChatML, as Qwen2.5 writes it: with `tools`, the system message lists them (one JSON
 # function signature per line in <tools>) and says how to call one; a `tool` message is
-# a <tool_response> block inside a user turn (consecutive ones share the turn). Without
-# tools it renders exactly as before, so the shipped prompts did not change.
+# a <tool_response> block inside a user turn (consecutive ones share the turn); an
+# assistant message's `tool_calls` (OpenAI's form) render as <tool_call> blocks after its
+# text. Without tools it renders exactly as before, so the shipped prompts did not change.
 CHAT_TEMPLATE = (
     "{%- if tools %}{{ '<|im_start|>system\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{%- endif %}"
@@ -65,6 +66,15 @@ CHAT_TEMPLATE = (
     "{{ '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
     "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
     "{{ '<|im_end|>\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] is defined "
+    "and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant\n' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set f = call['function'] if call['function'] is defined else call %}"
+    "{%- if message['content'] or not loop.first %}{{ '\n' }}{%- endif %}"
+    "{{ '<tool_call>\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}"
+    "{{ f['arguments'] | tojson }}{{ '}\n</tool_call>' }}"
+    "{%- endfor %}{{ '<|im_end|>\n' }}"
     "{%- else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{%- endif %}{%- endfor %}"

@@ -7,15 +7,23 @@ A `custom_envs` entry picks its loop by name (`agent_loop`):
 - `game` (default, rollx/rollout/env_manager.py): every response is one env action
   (`<answer>...</answer>`), trajectory-wise or step-wise samples;
 - `tool` (`ToolAgentLoop` below): the model calls the entry's `tools` (Hermes
-  `<tool_call>` blocks) between answers; each response without a call is the env action.
-Both produce the same Trajectory (ids, response_mask, policy versions, behaviour
+  `<tool_call>` blocks) between answers; each response without a call is the env action;
+- `program` (`ProgramAgentLoop` below): the user's agent function (`agent_program`:
+  LangGraph, the OpenAI SDK, ...) talks to the model through an OpenAI-compatible
+  endpoint (rollx/serving/openai_endpoint.py) that records its calls token-exactly.
+All produce the same Trajectory (ids, response_mask, policy versions, behaviour
 log-probs, reward, transcript); nothing downstream knows which ran.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import importlib
+import inspect
 import math
-from typing import Any, Dict, List
+import re
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rollx.rollout import chat
 from rollx.rollout.env_manager import EnvManager, PromptTooLongError
@@ -41,13 +49,8 @@ class ToolAgentLoop(EnvManager):
     if self.step_wise:
       raise ValueError(f"custom_envs.{self.tag}: agent_loop 'tool' needs trajectory-wise "
                        "samples (env_manager_type='trajectory')")
-    from rollx import tools as tools_lib
-    from rollx.tools.mcp_tools import server_tools
     entry = self.entry
-    declared = [tools_lib.get_tool(n) for n in entry.get("tools") or ()]
-    for command in entry.get("mcp_servers") or ():
-      declared += server_tools(command)
-    self.toolset = tools_lib.ToolSet(declared)
+    self.toolset = entry_toolset(entry)
     self.max_turns = int(entry.get("max_turns") or 8)
     self.max_tool_tokens = int(entry.get("max_tool_response_length") or 256)
     self.chat = chat.ChatTemplate(self.tokenizer, self.toolset.schemas())
@@ -139,6 +142,157 @@ class ToolAgentLoop(EnvManager):
         transcript=transcript, frames=frames, tool_counts=counts)
 
 
+def entry_toolset(entry):
+  """The tools a `custom_envs` entry offers: registered `tools` and its MCP servers'."""
+  from rollx import tools as tools_lib
+  from rollx.tools.mcp_tools import server_tools
+  declared = [tools_lib.get_tool(n) for n in entry.get("tools") or ()]
+  for command in entry.get("mcp_servers") or ():
+    declared += server_tools(command)
+  return tools_lib.ToolSet(declared)
+
+
+def load_program(spec: str) -> Callable:
+  """The async function `spec` ("package.module:function") names; errors name what is
+  missing."""
+  if not isinstance(spec, str) or not re.fullmatch(r"[\w.]+:[\w.]+", spec or ""):
+    raise ValueError(f"expected 'package.module:function', got {spec!r}")
+  module_name, _, attr = spec.partition(":")
+  fn = importlib.import_module(module_name)
+  for part in attr.split("."):
+    fn = getattr(fn, part)
+  if not inspect.iscoroutinefunction(fn):
+    raise ValueError(f"{spec} is not an async function (async def {attr}(task): ...)")
+  return fn
+
+
+@dataclasses.dataclass
+class ProgramTask:
+  """What an agent program gets for one episode.
+
+  Its model calls go to `base_url` (OpenAI's API; `api_key` and `model` as any value
+  works); they are recorded as this episode's. The task is the env, reset to `seed`:
+  `observation` is its first observation (a problem's text, a board), `prompt` the same
+  in the entry's turn template. Programs that act
+  in the env call `await task.step(text)`; programs that answer once return None and the
+  env scores their last reply. `tools` are the entry's tools in OpenAI's schema;
+  `await task.call_tool(name, arguments)` runs one (a sandboxed interpreter keeps its
+  state across the episode's calls) and returns its text, errors included."""
+  episode_id: str
+  seed: int
+  observation: str
+  prompt: str  # the first user message as rollx's own loops phrase it (turn template)
+  base_url: str
+  system_prompt: Optional[str]
+  tools: List[Dict[str, Any]]
+  env: Any
+  model: str = "rollx"
+  api_key: str = "rollx"
+  rewards: List[float] = dataclasses.field(default_factory=list)
+  info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  _session: Any = None
+
+  async def step(self, text: str) -> Tuple[str, float, bool, Dict[str, Any]]:
+    """One env step on the model's text: (observation, reward, done, info)."""
+    obs, reward, terminated, truncated, info = self.env.step(text)
+    self.rewards.append(float(reward))
+    self.info = info
+    return obs, float(reward), bool(terminated or truncated), info
+
+  async def call_tool(self, name: str, arguments: Dict[str, Any]) -> str:
+    from rollx.tools import ToolCall
+    result, = await self._session.run([ToolCall(name, arguments)])
+    return result.content
+
+
+class ProgramAgentLoop(EnvManager):
+  """One run of the entry's `agent_program` per episode, trajectory-wise.
+
+  The env worker's OpenAI endpoint records the program's calls (`endpoint` is shared by
+  a worker's program loops; without one the loop starts its own on first use). Samples:
+  the recording's (one per unbroken run of calls, rollx/rollout/recording.py), each with
+  the episode score. The score: the program's return value if it returns a number; else
+  the rewards of its `task.step` calls; else the env's score of its last reply. A
+  program that runs out of context (a call refused with `context_length_exceeded`) ends
+  with finish "length" whatever it raised; any other exception is an env error (the
+  scheduler runs the episode again)."""
+
+  def __init__(self, *args, endpoint=None, **kwargs):
+    super().__init__(*args, **kwargs)
+    if self.step_wise:
+      raise ValueError(f"custom_envs.{self.tag}: agent_loop 'program' needs trajectory-wise "
+                       "samples (env_manager_type='trajectory')")
+    self.program = load_program(self.entry.get("agent_program", ""))
+    self.toolset = entry_toolset(self.entry)
+    self.endpoint = endpoint
+
+  async def _endpoint(self):
+    if self.endpoint is None:
+      from rollx.serving.openai_endpoint import OpenAIEndpoint
+      self.endpoint = OpenAIEndpoint(self.generate, self.tokenizer)
+    return await self.endpoint.start()
+
+  async def run_episode(self, ticket: Ticket) -> Trajectory:
+    from rollx.serving.openai_endpoint import EpisodeSettings
+    endpoint = await self._endpoint()
+    env = self.env
+    obs, _ = env.reset(seed=ticket.seed)
+    frames = [env.render("rgb_array")] if self.render else []
+    episode_id = f"{self.tag}-g{ticket.group_id}-n{ticket.generation}-e{self.env_id}"
+    rec = endpoint.open_episode(episode_id, EpisodeSettings(
+        mode=self.mode, sequence_length=self.sequence_length,
+        max_prompt_length=self.max_prompt_length, default_max_tokens=self.max_tokens,
+        max_tokens_cap=self.max_tokens, honour_sampling=False))
+    session = self.toolset.session()
+    task = ProgramTask(episode_id, ticket.seed, obs,
+                       self.builder.turn_text(obs, 1, env.actions_left),
+                       endpoint.episode_url(episode_id),
+                       self.builder.system, self.toolset.schemas(), env, _session=session)
+    finish = "terminated"
+    try:
+      result = await self.program(task)
+    except asyncio.CancelledError:
+      raise
+    except Exception:
+      if not rec.context_exceeded:
+        raise
+      result, finish = None, "length"
+    finally:
+      session.close()
+      endpoint.close_episode(episode_id)
+    if not rec.calls:
+      raise RuntimeError(f"agent program {self.entry['agent_program']} made no model call")
+    info = task.info
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+      score = float(result)
+    elif task.rewards:
+      score = sum(task.rewards)
+    elif finish == "length":
+      score = 0.0
+    else:  # the env scores the final reply (a task env's <answer>)
+      _, reward, _, _, info = env.step(rec.calls[-1]["reply"].get("content") or "")
+      score = float(reward)
+    if self.render:
+      frames.append(env.render("rgb_array"))
+    transcript = [{"turn": i + 1, "prompt_ids": c["prompt_ids"], "response_ids": c["response_ids"],
+                   "response": c["response"], "observation": obs if i == 0 else "",
+                   "action": "tool_call" if c["reply"].get("tool_calls") else "reply",
+                   "reward": 0.0, "valid": True} for i, c in enumerate(rec.calls)]
+    if transcript:
+      transcript[-1]["reward"] = score
+    samples = rec.samples(score)
+    versions = [v for s in samples for v, m in zip(s.token_versions, s.response_mask)
+                if m and v >= 0]
+    counts = dict(session.counts) if session.counts["calls"] else {}
+    counts.update({f"sample_break_{k}": v for k, v in rec.breaks.items() if v})
+    return Trajectory(
+        ticket=ticket, samples=samples, score=score,
+        success=bool(info.get("success", score >= 1.0)), num_turns=len(rec.calls),
+        num_invalid_actions=int(info.get("num_invalid_actions", 0)), finish=finish,
+        start_version=min(versions, default=-1), transcript=transcript, frames=frames,
+        tool_counts=counts)
+
+
 def describe_turn(tokenizer, record: Dict[str, Any]) -> str:
   """A transcript turn as `rollx.play` prints it: the prompt the model saw, its response,
   each tool call and result (tool loop), the parsed action and the reward."""
@@ -150,7 +304,7 @@ def describe_turn(tokenizer, record: Dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-AGENT_LOOPS = {"game": EnvManager, "tool": ToolAgentLoop}
+AGENT_LOOPS = {"game": EnvManager, "tool": ToolAgentLoop, "program": ProgramAgentLoop}
 
 
 def make_agent_loop(env_id: int, tag: str, entry, tokenizer, generate, **kwargs) -> EnvManager:
@@ -159,4 +313,6 @@ def make_agent_loop(env_id: int, tag: str, entry, tokenizer, generate, **kwargs)
   if name not in AGENT_LOOPS:
     raise ValueError(f"custom_envs.{tag}.agent_loop: unknown agent loop {name!r}; "
                      f"known: {', '.join(sorted(AGENT_LOOPS))}")
+  if name != "program":
+    kwargs.pop("endpoint", None)
   return AGENT_LOOPS[name](env_id, tag, entry, tokenizer, generate, **kwargs)

@@ -46,6 +46,12 @@ class EnvWorker:
         restart_timeout_s=config.actor_infer.strategy_args.restart_timeout_s)
     self.link = link
     kwargs = manager_kwargs(config, manager)
+    if any(config.custom_envs[layout[i].tag].get("agent_loop") == "program" for i in env_ids):
+      # one OpenAI endpoint per worker, in its event loop: its agent programs' model calls
+      # (started with the first episode)
+      from rollx.serving.openai_endpoint import OpenAIEndpoint
+      kwargs["endpoint"] = OpenAIEndpoint(self.client.generate, tokenizer,
+                                          model_name=models.model_name(config.pretrain))
     self.managers = [
         make_agent_loop(i, layout[i].tag, config.custom_envs[layout[i].tag].to_dict(), tokenizer,
                         self.client.generate, render=i in set(render_env_ids), **kwargs)

@@ -308,14 +308,17 @@ def episode_metrics(trajectories: List[Trajectory]) -> Dict[str, float]:
     })
     with_tools = [t for t in ts if t.tool_counts]
     if with_tools:  # the tool loop: how often the model calls tools, and what goes wrong
-      calls = sum(t.tool_counts["calls"] for t in with_tools)
+      calls = sum(t.tool_counts.get("calls", 0) for t in with_tools)
       out[f"{tag}/tool_calls_per_episode"] = calls / len(with_tools)
       out[f"{tag}/tool_call_turn_rate"] = float(
           sum(r["action"] == "tool_call" for t in with_tools for r in t.transcript)
           / max(sum(t.num_turns for t in with_tools), 1))
       for kind in sorted(set().union(*(t.tool_counts for t in with_tools)) - {"calls"}):
-        out[f"{tag}/tool_error_rate/{kind}"] = (
-            sum(t.tool_counts.get(kind, 0) for t in with_tools) / max(calls, 1))
+        total = sum(t.tool_counts.get(kind, 0) for t in with_tools)
+        if kind.startswith("sample_break_"):  # agent programs: samples cut by history edits
+          out[f"{tag}/sample_breaks_per_episode/{kind[len('sample_break_'):]}"] = total / len(ts)
+        else:
+          out[f"{tag}/tool_error_rate/{kind}"] = total / max(calls, 1)
     # an action with an argument (WebShop's `search[query]`) counts under its verb
     actions = collections.Counter(turn["action"].split("[", 1)[0] for t in ts
                                   for turn in t.transcript if turn["valid"])

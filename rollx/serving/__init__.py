@@ -6,6 +6,9 @@ Only this package imports jetstream.
 # gRPC metadata the rollx server and client agree on (JetStream's Decode messages
 # have no fields for them).
 SAMPLING_KEY = "rollx-sampling"  # request: "train" | "val"
+# request, optional: "temperature,top_p" overriding the mode's (the OpenAI endpoint's
+# per-request sampling outside training; top_k stays the mode's)
+SAMPLING_PARAMS_KEY = "rollx-sampling-params"
 REQUEST_ID_KEY = "rollx-request-id"  # request: for logs
 # request: the conversation it continues (the server reuses its cached keys/values when
 # the ids start with the previous turn's prompt and response)

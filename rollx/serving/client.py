@@ -23,7 +23,7 @@ import asyncio
 import collections
 import dataclasses
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
@@ -33,7 +33,7 @@ import numpy as np
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 
 from rollx.serving import (BEHAVIOUR_LOGP_KEY, PREFILL_VERSION_KEY, REQUEST_ID_KEY,
-                           SAMPLING_KEY, TRAJECTORY_KEY, VERSIONS_KEY)
+                           SAMPLING_KEY, SAMPLING_PARAMS_KEY, TRAJECTORY_KEY, VERSIONS_KEY)
 
 MAX_STICKY = 65536  # far more than the trajectories in flight at once
 RESTART_POLL_S = 1.0  # how often a request waiting for a restart probes the dead servers
@@ -172,12 +172,15 @@ class RolloutClient:
 
   # -- generate --------------------------------------------------------------------
   async def generate(self, request_id: str, prompt_ids: Sequence[int], max_tokens: int, *,
-                     trajectory_id: Optional[str] = None, mode: str = "train") -> Generation:
+                     trajectory_id: Optional[str] = None, mode: str = "train",
+                     sampling: Optional[Tuple[float, float]] = None) -> Generation:
+    """`sampling`: (temperature, top_p) instead of the mode's (the mode's top_k kept)."""
     request = jetstream_pb2.DecodeRequest(
         token_content=jetstream_pb2.DecodeRequest.TokenContent(token_ids=list(prompt_ids)),
         max_tokens=int(max_tokens))
     metadata = ((SAMPLING_KEY, mode), (REQUEST_ID_KEY, request_id)) + (
-        ((TRAJECTORY_KEY, trajectory_id),) if trajectory_id is not None else ())
+        ((TRAJECTORY_KEY, trajectory_id),) if trajectory_id is not None else ()) + (
+        ((SAMPLING_PARAMS_KEY, f"{sampling[0]!r},{sampling[1]!r}"),) if sampling else ())
     await self._revive()
     for attempt in range(self.max_attempts):
       idx = await self._pick_or_wait(trajectory_id)

@@ -41,7 +41,8 @@ from rollx.errors import ConfigError
 from rollx.models import hf
 from rollx.parallel import mesh as mesh_lib
 from rollx.serving import (BEHAVIOUR_LOGP_KEY, PREFILL_VERSION_KEY, REQUEST_ID_KEY,
-                           SAMPLING_KEY, TRAJECTORY_KEY, VERSIONS_KEY, compat)
+                           SAMPLING_KEY, SAMPLING_PARAMS_KEY, TRAJECTORY_KEY, VERSIONS_KEY,
+                           compat)
 from rollx.serving.engine import RollxEngine, Sampling
 
 compat.apply()
@@ -158,6 +159,10 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
     mode = metadata.get(SAMPLING_KEY, "train")
     if problem is None and mode not in self._engine.sampling:
       problem = f"metadata {SAMPLING_KEY}={mode!r} is not one of {sorted(self._engine.sampling)}"
+    sampling = None
+    if problem is None:
+      sampling, problem = _sampling_of(self._engine.sampling[mode],
+                                       metadata.get(SAMPLING_PARAMS_KEY))
     if problem is not None:
       await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
     channel = ResponseChannel()
@@ -168,7 +173,7 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
         # `.shape`, so a list of token ids kills the prefill thread.
         prefill_content=np.asarray(request.token_content.token_ids, np.int32),
         is_client_side_tokenization=True, request_id=metadata.get(REQUEST_ID_KEY, ""),
-        sampling=self._engine.sampling[mode], trajectory_id=metadata.get(TRAJECTORY_KEY, ""),
+        sampling=sampling, trajectory_id=metadata.get(TRAJECTORY_KEY, ""),
         mode=mode)
     try:
       self._driver.place_request_on_prefill_queue(active)
@@ -280,6 +285,20 @@ class RolloutServer:
 
 
 # -- from a config ---------------------------------------------------------------------
+
+
+def _sampling_of(base: Sampling, params: Optional[str]):
+  """(the request's Sampling, None) or (None, what is wrong with `params`)."""
+  if not params:
+    return base, None
+  try:
+    temperature, top_p = (float(v) for v in params.split(","))
+  except ValueError:
+    return None, f"metadata {SAMPLING_PARAMS_KEY}={params!r} is not 'temperature,top_p'"
+  if not 0.0 <= temperature <= 100.0 or not 0.0 < top_p <= 1.0:
+    return None, (f"metadata {SAMPLING_PARAMS_KEY}={params!r}: temperature must be in "
+                  "[0, 100] and top_p in (0, 1]")
+  return dataclasses.replace(base, temperature=temperature, top_p=top_p), None
 
 
 def engine_from_config(config: ml_collections.ConfigDict, params=None, version: int = 0,

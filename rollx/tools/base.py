@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequ
 
 ERROR_KINDS = ("bad_json", "unknown_tool", "bad_arguments", "too_many_calls", "timeout",
                "tool_error")
-_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 MAX_PARSED_CHARS = 65536  # a response is bounded upstream; the parser bounds its own work
 
 
@@ -67,7 +67,7 @@ def parse_tool_calls(text, max_calls: int = 16) -> List[ToolCall]:
   if not isinstance(text, str):
     return []
   calls = []
-  for match in _CALL.finditer(text[:MAX_PARSED_CHARS]):
+  for match in TOOL_CALL_BLOCK.finditer(text[:MAX_PARSED_CHARS]):
     if len(calls) == max_calls:
       calls.append(ToolCall("", None, "too_many_calls",
                             f"more than {max_calls} tool calls in one response; the rest "
