@@ -250,3 +250,24 @@ def test_sokoban_layouts():
   assert multiturn.adv_estimator == "grpo"
   with pytest.raises(ValueError, match=r"configs/sokoban.py.*'bogus'"):
     load("sokoban:bogus")
+
+
+@pytest.mark.parametrize("name", ["tool_arithmetic", "langgraph_arithmetic", "openai_frozenlake"])
+def test_agent_configs_validate(name):
+  config = config_lib.validate(load(name))
+  assert config_lib.inactive_settings(config) == []
+
+
+@pytest.mark.parametrize("program,match", [
+    ("", "expected 'package.module:function'"),
+    ("examples.no_such_module:play", "No module named 'examples.no_such_module'"),
+    ("examples.openai_frozenlake:nope", "has no attribute 'nope'"),
+    ("examples.langgraph_agent:langchain_tools", "not an async function"),
+])
+def test_agent_program_errors_name_the_key(program, match):
+  config = load("openai_frozenlake")
+  config.custom_envs.FrozenLake.agent_program = program
+  assert match in errors_of(config)["custom_envs.FrozenLake.agent_program"]
+  config = load("frozenlake")
+  config.custom_envs.FrozenLake.agent_program = "examples.openai_frozenlake:play"
+  assert "use 'program'" in errors_of(config)["custom_envs.FrozenLake.agent_program"]

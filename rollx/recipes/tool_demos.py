@@ -65,7 +65,7 @@ def demonstration_episodes(tokenizer, entry, num_episodes: int, seed: int,
   and token budgets) on DEMO_FAMILIES problems; unsolved ones (never, with exact
   arithmetic) are dropped."""
   from rollx.rollout.agent_loops import make_agent_loop
-  entry = dict(entry)
+  entry = dict(entry, agent_loop="tool", agent_program="")  # an agent program's tools too
   entry["env_config"] = dict(entry["env_config"], datasets=tuple(DEMO_FAMILIES),
                              dataset_params=json.dumps(DEMO_FAMILIES), split="train")
   loop = make_agent_loop(0, "ToolDemo", entry, tokenizer, None,

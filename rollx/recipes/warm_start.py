@@ -130,8 +130,10 @@ def random_valid_episodes(tokenizer, entries: Sequence[tuple], num_episodes: int
       ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
       return _Generated(ids[:max_tokens], [-1] * min(len(ids), max_tokens))
 
+    if entry.get("agent_loop") == "program":  # the env's own turns: no program, no server
+      entry = dict(entry, agent_loop="game", agent_program="")
     manager = make_agent_loop(k, tag, entry, tokenizer, generate, sequence_length=sequence_length,
-                         **manager_args)
+                              **manager_args)
     running.append(manager)
     for i in range(round(num_episodes * share)):
       ticket = Ticket(env_id=k, tag=tag, group_id=i, generation=0,
@@ -200,8 +202,9 @@ def for_config(config) -> str:
   """The model directory a run with `warm_start_steps` > 0 starts from: a copy of
   `pretrain` in output_dir/warm_start, trained on random-valid-action transcripts of the
   train envs, cut into samples as the train env manager cuts them (an equal share of
-  episodes per tag); tool-loop envs get solved tool-use demonstrations on other task
-  families instead (rollx.recipes.tool_demos). Built once: a resumed run finds it and
+  episodes per tag); envs with tools (tool loop or agent program) get solved tool-use
+  demonstrations of the tool loop on other task families instead
+  (rollx.recipes.tool_demos). Built once: a resumed run finds it and
   reuses it."""
   import os
   import shutil
@@ -214,7 +217,7 @@ def for_config(config) -> str:
   for tag in config.train_env_manager.tags:
     entry = config.custom_envs[tag]
     overlap = tool_demos.demo_families_overlap(entry.env_config.get("datasets", ()))
-    if entry.get("agent_loop") == "tool" and overlap:
+    if entry.get("agent_loop") in ("tool", "program") and entry.get("tools") and overlap:
       raise ValueError(f"custom_envs.{tag}.env_config.datasets: {overlap} are the tool "
                        "demonstrations' families; RL must be measured on others")
   tmp = f"{target}.tmp{os.getpid()}"
@@ -238,7 +241,7 @@ def for_config(config) -> str:
   episodes = []
   for k, (tag, entry, manager_args, share) in enumerate(entries):
     n = max(1, round(rows * share))
-    if entry.get("agent_loop") == "tool":
+    if entry.get("agent_loop") in ("tool", "program") and entry.get("tools"):
       episodes += tool_demos.demonstration_episodes(tokenizer, entry, n, config.seed + k,
                                                     config.sequence_length)
     else:

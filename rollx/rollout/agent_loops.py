@@ -261,6 +261,11 @@ class ProgramAgentLoop(EnvManager):
       session.close()
       endpoint.close_episode(episode_id)
     if not rec.calls:
+      if rec.context_exceeded:  # no first call fits: every episode would fail alike
+        raise PromptTooLongError(
+            f"the first model call of agent program {self.entry['agent_program']} (env "
+            f"{self.tag!r}) does not fit min(sequence_length, actor_infer.strategy_args."
+            f"max_cache_length) ({self.sequence_length}) with room to reply")
       raise RuntimeError(f"agent program {self.entry['agent_program']} made no model call")
     info = task.info
     if isinstance(result, (int, float)) and not isinstance(result, bool):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import httpx
 import openai
@@ -86,12 +87,13 @@ def serve(taught_model, tmp_path_factory):
         [sys.executable, "-m", "rollx.serve", "--config=configs/frozenlake.py",
          f"--config.pretrain={taught_model}", f"--openai_port={port}", *SERVE_FLAGS],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
-  line = ""
-  while "openai endpoint on" not in line:
-    line = proc.stdout.readline()
-    if not line and proc.poll() is not None:
+  lines = []
+  while not lines or "openai endpoint on" not in lines[-1]:
+    lines.append(proc.stdout.readline())
+    if not lines[-1] and proc.poll() is not None:
       raise RuntimeError(f"rollx.serve exited: {log.read_text()[-2000:]}")
-  yield line.split()[-1]
+  grpc_address = next(l.split()[-1] for l in lines if l.startswith("serving on"))
+  yield types.SimpleNamespace(url=lines[-1].split()[-1], grpc=grpc_address)
   proc.terminate()
   assert proc.wait(timeout=30) == 0, log.read_text()[-2000:]
 
@@ -106,7 +108,7 @@ def recorded(url, episode):
 
 
 def test_models_completion_stream_and_tool_calls_with_the_openai_client(serve, taught_model):
-  c = client(serve)
+  c = client(serve.url)
   assert [m.id for m in c.models.list()] == [os.path.basename(taught_model)]
   reply = c.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}],
                                     max_tokens=6, temperature=0)
@@ -165,15 +167,15 @@ def test_models_completion_stream_and_tool_calls_with_the_openai_client(serve, t
 ])
 def test_bad_requests_get_openais_error_object_naming_the_field(serve, body, param, code):
   with pytest.raises(openai.BadRequestError) as e:  # the client's own request path, raw body
-    client(serve).post("/chat/completions", body={"model": "m", **body}, cast_to=object)
+    client(serve.url).post("/chat/completions", body={"model": "m", **body}, cast_to=object)
   error = e.value.body
   assert e.value.status_code == 400 and error["type"] == "invalid_request_error"
   assert error["param"] == param and error["code"] == code, error
   # malformed JSON too, and the endpoint keeps serving
-  r = httpx.post(f"{serve}/chat/completions", content=b'{"messages": [',
+  r = httpx.post(f"{serve.url}/chat/completions", content=b'{"messages": [',
                  headers={"content-type": "application/json"})
   assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
-  assert client(serve).chat.completions.create(
+  assert client(serve.url).chat.completions.create(
       model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2).choices
 
 
@@ -183,7 +185,7 @@ def test_64_concurrent_sessions_record_their_own_calls(serve):
   its second reply, nothing of any other session's."""
   async def session(i):
     episode = f"s{i}"
-    c = openai.AsyncOpenAI(base_url=f"{serve.rsplit('/v1', 1)[0]}/episodes/{episode}/v1",
+    c = openai.AsyncOpenAI(base_url=f"{serve.url.rsplit('/v1', 1)[0]}/episodes/{episode}/v1",
                            api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": f"session {i} move"}]
     first = await c.chat.completions.create(model="m", messages=messages, max_tokens=6)
@@ -198,7 +200,7 @@ def test_64_concurrent_sessions_record_their_own_calls(serve):
   results = asyncio.run(all_sessions())
   tok = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
   for i, (messages, first, second) in enumerate(results):
-    rec = recorded(serve, f"s{i}")
+    rec = recorded(serve.url, f"s{i}")
     assert sum(rec["breaks"].values()) == 0
     (sample,), calls = rec["samples"], rec["calls"]
     assert len(calls) == 2
@@ -223,7 +225,7 @@ def test_a_langgraph_agent_episode_is_recorded_token_exactly(serve):
   mask covers exactly what the server generated."""
   from langchain_openai import ChatOpenAI
   from langgraph.prebuilt import create_react_agent
-  url = f"{serve.rsplit('/v1', 1)[0]}/episodes/lg/v1"
+  url = f"{serve.url.rsplit('/v1', 1)[0]}/episodes/lg/v1"
   model = ChatOpenAI(base_url=url, api_key="unused", model="m", temperature=0, max_retries=0)
   agent = create_react_agent(model, [multiply_tool()])
   state = asyncio.run(agent.ainvoke({"messages": [("user", QUESTION)]}))
@@ -232,7 +234,7 @@ def test_a_langgraph_agent_episode_is_recorded_token_exactly(serve):
   assert state["messages"][1].tool_calls[0]["args"] == {"a": 12, "b": 34}
   assert state["messages"][2].content == "408"
   assert state["messages"][3].content == ANSWER_TEXT
-  rec = recorded(serve, "lg")
+  rec = recorded(serve.url, "lg")
   (sample,), (one, two) = rec["samples"], rec["calls"]
   assert sum(rec["breaks"].values()) == 0
   ids, mask = sample["input_ids"], sample["response_mask"]
@@ -254,13 +256,13 @@ def test_a_langgraph_agent_episode_is_recorded_token_exactly(serve):
 
 
 def test_rewritten_history_starts_a_new_sample_and_counts_the_break(serve):
-  episode_url = f"{serve.rsplit('/v1', 1)[0]}/episodes/rw/v1"
+  episode_url = f"{serve.url.rsplit('/v1', 1)[0]}/episodes/rw/v1"
   c = client(episode_url)
   messages = [{"role": "user", "content": "first"}]
   reply = c.chat.completions.create(model="m", messages=messages, max_tokens=4)
   c.chat.completions.create(model="m", max_tokens=4, messages=[
       {"role": "user", "content": "a summary of it"}, {"role": "user", "content": "go on"}])
-  rec = recorded(serve, "rw")
+  rec = recorded(serve.url, "rw")
   assert rec["breaks"]["rewritten"] == 1 and len(rec["samples"]) == 2
   assert reply.choices
 
@@ -297,3 +299,79 @@ def test_no_live_server_is_503_and_auth_and_body_limits(tmp_path):
   finally:
     asyncio.run_coroutine_threadsafe(endpoint.stop(), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
+
+
+# -- the `program` agent loop: the user's agent function, one run per episode ------------
+async def answer_once(task):
+  """One model call on the task; the env scores the reply."""
+  c = openai.AsyncOpenAI(base_url=task.base_url, api_key=task.api_key, max_retries=0)
+  await c.chat.completions.create(model=task.model, messages=[
+      {"role": "user", "content": task.prompt}])
+
+
+async def overflow(task):
+  """A first call that fits, then one that cannot."""
+  c = openai.AsyncOpenAI(base_url=task.base_url, api_key=task.api_key, max_retries=0)
+  messages = [{"role": "user", "content": task.prompt}]
+  reply = await c.chat.completions.create(model=task.model, messages=messages)
+  messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
+               {"role": "user", "content": "more " * 400}]
+  await c.chat.completions.create(model=task.model, messages=messages)
+  raise AssertionError("the second call must be refused")
+
+
+def run_program(serve, entry, seed=3):
+  """One episode of `entry` (agent_loop 'program') against the served model."""
+  from rollx.rollout.agent_loops import make_agent_loop
+  from rollx.serving.client import RolloutClient
+  tok = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)  # the taught model's tokenizer
+
+  async def go():
+    client = RolloutClient([serve.grpc])
+    endpoint = openai_endpoint.OpenAIEndpoint(client.generate, tok)
+    loop = make_agent_loop(0, "T", entry, tok, client.generate, mode="train",
+                           sequence_length=640, max_prompt_length=512, endpoint=endpoint)
+    try:
+      return await loop.run_episode(Ticket(0, "T", 0, 0, seed)), loop
+    finally:
+      await endpoint.stop()
+      await client.close()
+
+  return asyncio.run(go())
+
+
+def test_openai_sdk_frozenlake_program_episode_is_one_token_exact_sample(serve):
+  from configs import openai_frozenlake
+  entry = openai_frozenlake.get_config().custom_envs.FrozenLake.to_dict()
+  traj, loop = run_program(serve, entry)
+  sample, = traj.samples
+  responses = [r["response_ids"] for r in traj.transcript]
+  assert sample.input_ids == traj.transcript[-1]["prompt_ids"] + responses[-1]
+  assert [t for t, m in zip(sample.input_ids, sample.response_mask) if m] == sum(responses, [])
+  assert all(v >= 0 for v, m in zip(sample.token_versions, sample.response_mask) if m)
+  # the score is the env's: replaying the replies on the same map gives it again
+  import envs
+  env = envs.make_env(entry["env_type"], dict(entry["env_config"]))
+  env.reset(seed=3)
+  tok = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
+  score = sum(env.step(tok.decode(r, skip_special_tokens=True))[1] for r in responses)
+  assert traj.score == pytest.approx(score) and sample.reward == traj.score
+  assert traj.num_turns == len(responses) and traj.finish == "terminated"
+
+
+def test_a_program_that_answers_once_is_scored_by_the_env_and_one_that_overflows_ends(serve):
+  from rollx import config as config_lib
+  entry = config_lib.env_entry(
+      "ReasoningTask", env_config=dict(datasets=("basic_arithmetic",)), max_tokens_per_step=16,
+      agent_loop="program",
+      agent_program="tests.serving.test_openai_endpoint:answer_once").to_dict()
+  traj, loop = run_program(serve, entry)
+  (sample,), (turn,) = traj.samples, traj.transcript
+  env = loop.env
+  env.reset(seed=3)
+  _, reward, _, _, info = env.step(turn["response"])
+  assert traj.score == reward and traj.success == info["success"]
+  assert len(turn["response_ids"]) <= 16  # the entry's per-turn cap holds for programs too
+  entry["agent_program"] = "tests.serving.test_openai_endpoint:overflow"
+  traj, _ = run_program(serve, entry)
+  assert traj.finish == "length" and traj.score == 0.0 and traj.num_turns == 1
