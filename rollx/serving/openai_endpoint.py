@@ -39,6 +39,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import hmac
 import json
 import re
 import time
@@ -169,8 +170,8 @@ class _Guard:
       return await self.app(scope, receive, send)
     headers = dict(scope.get("headers") or ())
     if self.api_key is not None:
-      auth = headers.get(b"authorization", b"").decode("latin-1")
-      if auth != f"Bearer {self.api_key}":
+      auth = headers.get(b"authorization", b"")
+      if not hmac.compare_digest(auth, f"Bearer {self.api_key}".encode()):
         return await _error(401, "missing or wrong API key (Authorization: Bearer ...)",
                             code="invalid_api_key")(scope, receive, send)
     length = headers.get(b"content-length")
@@ -221,7 +222,8 @@ class OpenAIEndpoint:
   def __init__(self, generate: Callable, tokenizer, *, model_name: str = "rollx",
                settings: Optional[EpisodeSettings] = None, host: str = "127.0.0.1",
                port: int = 0, api_key: Optional[str] = None,
-               max_body_bytes: int = 8 << 20, max_concurrent_per_episode: int = 8):
+               max_body_bytes: int = 8 << 20, max_concurrent_per_episode: int = 8,
+               max_concurrent_requests: int = 1024):
     if host not in LOCAL_HOSTS and not api_key:
       raise ValueError(f"the OpenAI endpoint binds {host}, beyond this machine: give it an "
                        "API key (--openai_api_key or ROLLX_OPENAI_API_KEY)")
@@ -229,6 +231,7 @@ class OpenAIEndpoint:
     self.settings = settings or EpisodeSettings()
     self.host, self.port, self.api_key = host, port, api_key
     self.max_concurrent_per_episode = max_concurrent_per_episode
+    self.max_concurrent_requests = max_concurrent_requests
     self.eos_id = tokenizer.eos_token_id
     self.episodes: "collections.OrderedDict[str, recording.EpisodeRecording]" = \
         collections.OrderedDict()
@@ -312,6 +315,9 @@ class OpenAIEndpoint:
 
     @app.exception_handler(Exception)
     async def _internal(request, exc):  # the endpoint stays up whatever went wrong
+      if isinstance(exc, _TooLarge):  # a body without content-length, over the limit
+        return _error(413, f"the request body is over {max_body_bytes} bytes",
+                      code="request_too_large")
       return _error(500, f"{type(exc).__name__}: {exc}", kind="server_error")
 
     @app.get("/v1/models")
@@ -349,16 +355,24 @@ class OpenAIEndpoint:
 
   # -- one call ---------------------------------------------------------------------------
   async def _complete(self, body: ChatRequest, episode_id: Optional[str]):
-    key = episode_id or ""
-    if self._in_flight[key] >= self.max_concurrent_per_episode:
+    # bounds: one episode cannot take the servers, nor all clients the endpoint
+    if episode_id and self._in_flight[episode_id] >= self.max_concurrent_per_episode:
       raise APIError(429, f"over {self.max_concurrent_per_episode} concurrent requests for "
-                     f"episode {episode_id or '(none)'}", code="rate_limit_exceeded",
+                     f"episode {episode_id}", code="rate_limit_exceeded",
                      kind="rate_limit_error")
-    self._in_flight[key] += 1
+    if self._in_flight[""] >= self.max_concurrent_requests:
+      raise APIError(429, f"over {self.max_concurrent_requests} concurrent requests",
+                     code="rate_limit_exceeded", kind="rate_limit_error")
+    keys = ("", episode_id) if episode_id else ("",)
+    for key in keys:
+      self._in_flight[key] += 1
     try:
       reply, usage, finish = await self._generate(body, episode_id)
     finally:
-      self._in_flight[key] -= 1
+      for key in keys:
+        self._in_flight[key] -= 1
+        if key and not self._in_flight[key]:
+          del self._in_flight[key]  # one entry per episode in flight, not per episode ever
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created, model = int(time.time()), body.model or self.model_name
     if body.stream:

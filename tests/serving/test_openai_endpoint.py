@@ -375,3 +375,42 @@ def test_a_program_that_answers_once_is_scored_by_the_env_and_one_that_overflows
   entry["agent_program"] = "tests.serving.test_openai_endpoint:overflow"
   traj, _ = run_program(serve, entry)
   assert traj.finish == "length" and traj.score == 0.0 and traj.num_turns == 1
+
+
+def test_one_episode_cannot_take_more_than_its_share_of_concurrent_calls():
+  """Calls of one episode beyond `max_concurrent_per_episode` get 429 at once; other
+  episodes' and unrecorded calls are served meanwhile."""
+  release = asyncio.Event()
+
+  async def held_generate(request_id, prompt_ids, max_tokens, **kwargs):
+    await release.wait()
+    return types.SimpleNamespace(token_ids=[5, 6], token_versions=[0, 0], policy_version=0,
+                                 behaviour_logp=[-0.5, -0.5])
+
+  async def go():
+    endpoint = openai_endpoint.OpenAIEndpoint(
+        held_generate, hf.load_tokenizer(models.DEFAULT_MODEL_DIR), max_concurrent_per_episode=2)
+    await endpoint.start()
+    root = endpoint.base_url.rsplit("/v1", 1)[0]
+    messages = [{"role": "user", "content": "x"}]
+    a = openai.AsyncOpenAI(base_url=f"{root}/episodes/a/v1", api_key="-", max_retries=0)
+    b = openai.AsyncOpenAI(base_url=f"{root}/episodes/b/v1", api_key="-", max_retries=0)
+    anonymous = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key="-", max_retries=0)
+    held = [asyncio.ensure_future(a.chat.completions.create(model="m", messages=messages))
+            for _ in range(2)]
+    while endpoint._in_flight.get("a", 0) < 2:
+      await asyncio.sleep(0.01)
+    with pytest.raises(openai.RateLimitError) as e:
+      await a.chat.completions.create(model="m", messages=messages)
+    assert e.value.body["code"] == "rate_limit_exceeded"
+    others = [asyncio.ensure_future(c.chat.completions.create(model="m", messages=messages))
+              for c in (b, b, anonymous, anonymous, anonymous)]
+    await asyncio.sleep(0.2)
+    release.set()
+    replies = await asyncio.gather(*held, *others)
+    assert all(r.usage.completion_tokens == 2 for r in replies)
+    assert endpoint._in_flight == {"": 0}
+    assert len(endpoint.close_episode("a").calls) == 2
+    await endpoint.stop()
+
+  asyncio.run(go())

@@ -55,14 +55,17 @@ def run(coro):
   return asyncio.run(coro)
 
 
-def prompts(n, seed=0, lo=2, hi=60):
+def prompts(n, seed=0, lo=2, hi=60, lengths=None):
+  """n random prompts, lengths in [lo, hi) or drawn from `lengths` (few lengths: the
+  reference decode compiles once per length)."""
   rng = np.random.default_rng(seed)
-  return [[int(t) for t in rng.integers(0, CFG.vocab_size, rng.integers(lo, hi))]
+  return [[int(t) for t in rng.integers(0, CFG.vocab_size,
+                                        rng.choice(lengths) if lengths else rng.integers(lo, hi))]
           for _ in range(n)]
 
 
 def test_greedy_equals_model_decode_with_64_concurrent_requests(server):
-  measured = prompts(32, seed=1)
+  measured = prompts(32, seed=1, lengths=(5, 23, 41, 59))  # four buckets' worth of lengths
   others = prompts(32, seed=2)
 
   async def go():
