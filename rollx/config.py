@@ -47,7 +47,7 @@ ROLE_STRATEGIES = {"actor_train": "jax", "actor_infer": "jetstream", "reference"
                    "critic": "jax"}
 _SERVER_KEYS = ("max_concurrent_decodes", "max_prefill_length", "max_cache_length",
                 "num_servers", "detokenize_depth", "max_restarts", "restart_timeout_s",
-                "reuse_kv")
+                "reuse_kv", "keep_prefix_across_updates")
 # Keys of a role's block that the role never reads: setting one to anything but its
 # default is an error naming the key (a setting that silently did nothing would mislead).
 INERT_KEYS = {
@@ -126,6 +126,11 @@ def _worker(role: str, *, learning_rate: float, **extra) -> ml_collections.Confi
           # previous turn left in the server (checked id by id; dropped when the weights
           # change or the slot is reused): rollx.serving.engine
           reuse_kv=True,
+          # Off: a weight update drops the cached keys/values (exact: every token's keys/
+          # values come from the weights that sample the next). On: they are kept, each
+          # tagged with the version that computed it; the staleness lowers the response's
+          # policy version and is logged (rollout/stale_reused_tokens_per_turn)
+          keep_prefix_across_updates=False,
           # A server that dies is restarted by Ray (this many times per server; -1 = no
           # limit) and gets the current weights before it serves; requests wait up to
           # restart_timeout_s for one to come back when none is alive.
@@ -804,4 +809,8 @@ def inactive_settings(config: ml_collections.ConfigDict) -> List[str]:
     out.append("merge_identical_samples is inactive: a merged sample's count is a token "
                f"weight, which loss_agg_mode={config.loss_agg_mode!r} does not honour "
                "(it needs token-mean)")
+  strategy = config.actor_infer.strategy_args
+  if strategy.keep_prefix_across_updates and not strategy.reuse_kv:
+    out.append("actor_infer.strategy_args.keep_prefix_across_updates is inactive: no keys/"
+               "values are kept across turns with reuse_kv=False")
   return out

@@ -180,7 +180,8 @@ class AgenticPipeline:
       stats = ray.get([a.stats.remote() for a in self.servers.actors], timeout=30)
     except Exception:  # noqa: BLE001 - metrics only; the rollout reports real failures
       return None
-    return (sum(s["prefilled_tokens"] for s in stats), sum(s["reused_tokens"] for s in stats))
+    return tuple(sum(s[k] for s in stats) for k in ("prefilled_tokens", "reused_tokens",
+                                                      "stale_reused_tokens"))
 
   def _prefill_per_turn(self, before, batch: RolloutBatch) -> Dict[str, float]:
     """Prompt tokens the servers prefilled (and reused, with `reuse_kv`) per model turn of
@@ -191,7 +192,9 @@ class AgenticPipeline:
     if before is None or after is None or not turns or after[0] < before[0]:
       return {}  # a restarted server counts from zero
     return {"rollout/prefill_tokens_per_turn": (after[0] - before[0]) / turns,
-            "rollout/reused_tokens_per_turn": (after[1] - before[1]) / turns}
+            "rollout/reused_tokens_per_turn": (after[1] - before[1]) / turns,
+            # keep_prefix_across_updates: reused ids computed by older weights
+            "rollout/stale_reused_tokens_per_turn": (after[2] - before[2]) / turns}
 
   def _summarise(self, batch: RolloutBatch, metrics: Dict[str, float]) -> None:
     """The headline figures: means over env tags of the per-tag metrics."""

@@ -25,7 +25,12 @@ ids start with the previous turn's prompt and response, whose keys/values that t
 slot still holds, only the new ids are prefilled (`llm.extend`), onto those keys/values
 (moved into the request's slot at insert). Checked id by id; exact: the cached keys/values must
 come from the weights that will sample (a weight update since they were computed, or
-the slot given to another request, means a full prefill). Entries live in the slots
+the slot given to another request, means a full prefill). With
+`keep_prefix_across_updates` a weight update keeps them: each cached id is tagged with the
+weights version that computed its keys/values, the request's prefill version is the
+oldest of them (so the response's policy version, and the trainer's off-policy
+correction, see the staleness), and the engine counts the stale ids it reused
+(`stale_reused_tokens`, `max_prefix_staleness`). Entries live in the slots
 themselves: JetStream hands free slots out first-in first-out, so a finished turn's
 slot is the last to be reused.
 
@@ -141,6 +146,8 @@ class _Conversation:
   since: int  # the generate step that computed the oldest of these keys/values
   request: Any
   finished: bool = False
+  # per id: the weights version that computed its keys/values (-1 until prefilled)
+  versions: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass
@@ -151,6 +158,7 @@ class _Staged:
   seed: int = 0  # the request's sampling seed (uint32)
   start: int = 0  # > 0: the keys/values of ids [0, start) are in the slot (KV reuse)
   conversation: Optional[_Conversation] = None
+  cached_versions: Optional[np.ndarray] = None  # versions of the reused ids [0, start)
 
 
 @jax.tree_util.register_dataclass
@@ -249,7 +257,7 @@ class RollxEngine(engine_api.Engine):
                max_cache_length: int = 1024, stop_token_ids: Sequence[int] = (),
                sampling: Optional[dict] = None, hf_tokenizer=None, pad_id: int = 0,
                mesh: Optional[Mesh] = None, seed: int = 0, prefill_batch: int = 8,
-               reuse_kv: bool = True):
+               reuse_kv: bool = True, keep_prefix_across_updates: bool = False):
     if max_prefill_length not in PREFILL_BUCKETS:
       raise ValueError(f"max_prefill_length={max_prefill_length} must be one of "
                        f"{PREFILL_BUCKETS} (JetStream's padding buckets)")
@@ -283,6 +291,9 @@ class RollxEngine(engine_api.Engine):
     # KV reuse across turns: slot -> the conversation whose keys/values it holds, and
     # trajectory -> its slot (insert: generate thread; finish: the gRPC side)
     self.reuse_kv = bool(reuse_kv)
+    self.keep_prefix_across_updates = bool(keep_prefix_across_updates)
+    self.stale_reused_tokens = 0  # reused ids computed by older weights than the sampling's
+    self.max_prefix_staleness = 0  # the largest version gap of a reused id
     self._conversations: Dict[int, _Conversation] = {}
     self._slot_of: Dict[str, int] = {}
     self._conversation_lock = threading.Lock()
@@ -458,6 +469,7 @@ class RollxEngine(engine_api.Engine):
       if (self.reuse_kv and previous is not None and previous.finished
           and len(previous.ids) < len(ids) and np.array_equal(ids[:len(previous.ids)], previous.ids)):
         staged.start, source = len(previous.ids), self._slot_of[trajectory]
+        staged.cached_versions = previous.versions
         del self._conversations[source]
       dropped = self._conversations.pop(slot, None)
       if dropped is not None and self._slot_of.get(dropped.trajectory_id) == slot:
@@ -502,7 +514,20 @@ class RollxEngine(engine_api.Engine):
       if conversation is not None and conversation.request is request:
         conversation.ids = np.concatenate([conversation.ids,
                                            np.asarray(response_ids, conversation.ids.dtype)])
+        conversation.versions = np.concatenate([
+            conversation.versions if conversation.versions is not None
+            else np.full(len(conversation.ids) - len(response_ids), -1, np.int32),
+            self._kv_versions(getattr(request, "first_step", None), len(response_ids))])
         conversation.finished = True
+
+  def _kv_versions(self, first_step: Optional[int], num_tokens: int) -> np.ndarray:
+    """The weights version that computed each response token's keys/values: token i is
+    fed through the model by the step after the one that sampled it (first_step + i + 1;
+    the current weights when that step has not run yet)."""
+    if first_step is None or not self._versions:
+      return np.full(num_tokens, -1, np.int32)
+    return np.array([self.version_at(t) if t < self.num_steps else self._versions[-1]
+                     for t in range(first_step + 1, first_step + num_tokens + 1)], np.int32)
 
   def _unchanged_since(self, step: int, version: int) -> bool:
     """Whether every generate step from `step` on, and the one about to run with
@@ -590,10 +615,17 @@ class RollxEngine(engine_api.Engine):
   def generate(self, params: VersionedParams, decode_state: SlotState):
     version, weights = params.get()
     staged, self._staged = self._staged, []
-    for s in staged:
+    stale_since: Dict[int, int] = {}  # staged index -> the oldest version it reuses
+    for i, s in enumerate(staged):
       if s.start and not self._unchanged_since(s.conversation.since, version):
-        # the weights changed since the prefix was computed: prefill it all again
-        s.start, s.conversation.since = 0, self.num_steps
+        cached = s.cached_versions
+        if self.keep_prefix_across_updates and cached is not None and len(cached) >= s.start:
+          oldest = int(cached[:s.start].min())
+          stale_since[i] = oldest
+          self.stale_reused_tokens += int(np.sum(cached[:s.start] != version))
+          self.max_prefix_staleness = max(self.max_prefix_staleness, version - oldest)
+        else:  # the weights changed since the prefix was computed: prefill it all again
+          s.start, s.conversation.since = 0, self.num_steps
     # Same-bucket prompts share a call (JetStream pads each to its bucket).
     for width, chunk in self._chunks([s for s in staged if not s.start],
                                      lambda s: len(s.prefix.tokens)):
@@ -606,9 +638,15 @@ class RollxEngine(engine_api.Engine):
     # the running totals go through the jitted step: an eager add here cost ~1 ms a step
     decode_state, data, self._logp_totals = self._generate(weights, decode_state,
                                                            self._logp_totals)
-    for s in staged:  # the weights that prefilled it, not those current at staging
-      if s.prefix.request is not None:
-        s.prefix.request.prefill_version = version
+    for i, s in enumerate(staged):  # the weights that prefilled it, not those at staging
+      if s.prefix.request is not None:  # (kept stale keys/values: the oldest among them)
+        s.prefix.request.prefill_version = min(version, stale_since.get(i, version))
+      if s.conversation is not None:
+        reused = (s.cached_versions[:s.start] if s.start and s.cached_versions is not None
+                  else np.zeros((0,), np.int32))
+        s.conversation.versions = np.concatenate([
+            reused.astype(np.int32), np.full(len(s.conversation.ids) - len(reused), version,
+                                             np.int32)])
     if not self._versions or self._versions[-1] != version:
       self._version_starts.append(self.num_steps)
       self._versions.append(version)

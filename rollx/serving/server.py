@@ -270,7 +270,9 @@ class RolloutServer:
     return {"sampled_tokens": float(count), "generate_steps": float(self.engine.num_steps),
             "sampled_logprob_mean": logp_sum / count if count else float("nan"),
             "prefilled_tokens": float(self.engine.prefilled_tokens),
-            "reused_tokens": float(self.engine.reused_tokens)}
+            "reused_tokens": float(self.engine.reused_tokens),
+            "stale_reused_tokens": float(self.engine.stale_reused_tokens),
+            "max_prefix_staleness": float(self.engine.max_prefix_staleness)}
 
   def update_params(self, params, version: int, abort_in_flight: bool = False) -> int:
     """New weights for the next generate step; returns how many requests were aborted."""
@@ -328,7 +330,7 @@ def engine_from_config(config: ml_collections.ConfigDict, params=None, version: 
       sampling={"train": Sampling.from_generating_args(infer.generating_args),
                 "val": Sampling.from_generating_args(infer.val_generating_args)},
       hf_tokenizer=tokenizer, pad_id=tokenizer.pad_token_id or 0, mesh=mesh, seed=config.seed,
-      reuse_kv=s.reuse_kv)
+      reuse_kv=s.reuse_kv, keep_prefix_across_updates=s.keep_prefix_across_updates)
 
 
 def server_from_config(config: ml_collections.ConfigDict, host: str = "127.0.0.1", port: int = 0,

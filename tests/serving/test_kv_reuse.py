@@ -134,3 +134,36 @@ def test_a_diverging_prefix_a_weight_update_and_a_reused_slot_fall_back_exactly(
     assert srv.stats()["reused_tokens"] == before
   finally:
     srv.stop()
+
+
+def test_keep_prefix_across_updates_reuses_stale_keys_and_reports_their_age():
+  """With keep_prefix_across_updates a weight update keeps the cached conversation: the
+  next turn prefills only its new ids, the stale ids are counted, and the response's
+  policy version is the oldest weights that touched it (its tokens: the new ones)."""
+  engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=2, max_prefill_length=128,
+                       max_cache_length=256, sampling={"train": Sampling(1.0), "val": Sampling(0.0)},
+                       keep_prefix_across_updates=True)
+  srv = RolloutServer(engine)
+  client = RolloutClient([srv.address])
+  try:
+    async def turn(ids, tag):
+      return await client.generate(tag, ids, 6, trajectory_id="a", mode="val")
+
+    first = [3, 14, 15, 92, 65, 35]
+    a = asyncio.run(turn(first, "a0"))
+    assert a.policy_version == 0 and srv.stats()["stale_reused_tokens"] == 0
+    srv.update_params(make_params(1), 1)
+    ids = first + a.token_ids + [7, 8]
+    b = asyncio.run(turn(ids, "a1"))
+    cached = len(first) + len(a.token_ids)
+    stats = srv.stats()
+    assert stats["reused_tokens"] == cached and stats["prefilled_tokens"] == len(first) + 2
+    assert stats["stale_reused_tokens"] == cached and stats["max_prefix_staleness"] == 1
+    assert set(b.token_versions) == {1} and b.policy_version == 0
+    # the next turn, no update in between: the old ids are still stale, the new ones not
+    ids = ids + b.token_ids + [9]
+    c = asyncio.run(turn(ids, "a2"))
+    assert srv.stats()["stale_reused_tokens"] == 2 * cached and c.policy_version == 0
+    # off (the default), the same update means a full prefill (the test above)
+  finally:
+    srv.stop()
