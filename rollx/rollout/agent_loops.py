@@ -285,6 +285,8 @@ class ProgramAgentLoop(EnvManager):
                    "reward": 0.0, "valid": True} for i, c in enumerate(rec.calls)]
     if transcript:
       transcript[-1]["reward"] = score
+    for record in transcript if self.on_turn is not None else ():  # rollx.play's printout
+      self.on_turn(self, record)
     samples = rec.samples(score)
     versions = [v for s in samples for v, m in zip(s.token_versions, s.response_mask)
                 if m and v >= 0]
