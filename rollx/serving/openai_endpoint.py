@@ -132,6 +132,9 @@ def _error(status, message, param=None, code=None, kind="invalid_request_error")
       {"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
 
 
+_TYPE_TAGS = ("str", "int", "float", "bool", "dict", "list", "none")
+
+
 def _field(loc) -> str:
   """pydantic's error location -> OpenAI's `param` ("messages[1].role")."""
   out = ""
@@ -140,8 +143,9 @@ def _field(loc) -> str:
       continue
     if isinstance(part, int):
       out += f"[{part}]"
-    elif not re.fullmatch(r"[A-Za-z_][\w]*", str(part)):
-      continue  # a Union member's tag ("str", "list[...]")
+    elif (not re.fullmatch(r"[A-Za-z_]\w*", str(part)) or str(part).startswith("_")
+          or part in _TYPE_TAGS):
+      continue  # a Union member's tag ("str", "list[...]", a model's class name)
     else:
       out += ("." if out else "") + str(part)
   return out
