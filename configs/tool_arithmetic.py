@@ -8,11 +8,16 @@ Command:   python -m rollx.train --config=configs/tool_arithmetic.py
            play it: python -m rollx.play --config=configs/tool_arithmetic.py --env=Arithmetic
            --policy=human
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
-Runtime:   a 2-step smoke run is in `make test`; no learning run is recorded yet.
-Expected:  not measured yet. The default model has never seen a tool call, so the run
-           first warm starts a copy on solved tool-use demonstrations of other task
-           families (chain sums and products, rollx.recipes.tool_demos); a real run
-           starts from an instruct model that calls tools
+Runtime:   the warm start (~15 min on 2 cores shared with other jobs), then ~25 s a step.
+Expected:  no learning yet from the default model. It has never seen a tool call, so the
+           run first warm starts a copy on solved tool-use demonstrations of other task
+           families (chain sums and products, rollx.recipes.tool_demos). Measured
+           2026-11-27 (seed 1, a host shared with other jobs): the 200-step warm start
+           took 15 min; its model opens calls but writes malformed JSON (none of 8
+           validation episodes played by it made a well-formed call), and over 30 RL
+           steps (26 min) validation and training success stayed 0.000. A real run
+           starts from an
+           instruct model that calls tools
            (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct --config.warm_start_steps=0).
 
 Tasks are reasoning-gym's `basic_arithmetic` with 3-4 terms of 3-4 digits: exact answers
