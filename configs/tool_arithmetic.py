@@ -16,8 +16,7 @@ Expected:  no learning yet from the default model. It has never seen a tool call
            took 15 min; its model opens calls but writes malformed JSON (none of 8
            validation episodes played by it made a well-formed call), and over 30 RL
            steps (26 min) validation and training success stayed 0.000. A real run
-           starts from an
-           instruct model that calls tools
+           starts from an instruct model that calls tools
            (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct --config.warm_start_steps=0).
 
 Tasks are reasoning-gym's `basic_arithmetic` with 3-4 terms of 3-4 digits: exact answers
