@@ -15,11 +15,14 @@ sample per episode unless the agent rewrites its history), and the model answers
 LangGraph's prompt, which has no system message unless the agent gives one.
 """
 
-from configs import tool_arithmetic
+import os
+
+from rollx import config as rollx_config
 
 
 def get_config():
-  config = tool_arithmetic.get_config()
+  config = rollx_config.load_file(
+      os.path.join(os.path.dirname(os.path.abspath(__file__)), "tool_arithmetic.py"))
   config.exp_name = "langgraph_arithmetic_grpo"
   for tag in ("Arithmetic", "ArithmeticVal"):
     entry = config.custom_envs[tag]

@@ -11,11 +11,14 @@ Expected:  not measured yet. The recipe that learns FrozenLake from the default 
            model was never warm started on.
 """
 
-from configs import frozenlake
+import os
+
+from rollx import config as rollx_config
 
 
 def get_config():
-  config = frozenlake.get_config()
+  config = rollx_config.load_file(
+      os.path.join(os.path.dirname(os.path.abspath(__file__)), "frozenlake.py"))
   config.exp_name = "openai_frozenlake_grpo"
   config.rollout_batch_size = 64  # 8 groups x 8 conversations on one map
   config.val_batch_size = 64
