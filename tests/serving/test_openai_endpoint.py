@@ -414,3 +414,49 @@ def test_one_episode_cannot_take_more_than_its_share_of_concurrent_calls():
     await endpoint.stop()
 
   asyncio.run(go())
+
+
+def test_an_env_workers_program_loops_share_one_endpoint_and_deliver_trajectories(serve):
+  """The wiring `rollx.train` uses (rollx/rollout/env_worker.py; Ray hosts it): the
+  worker's program envs get one endpoint, started with the first episode, and their
+  trajectories reach the scheduler's `put`."""
+  from rollx import config as config_lib
+  from rollx.rollout.env_worker import EnvWorker
+  config = config_lib.load_file(os.path.join(ROOT, "configs", "openai_frozenlake.py"))
+  config.pretrain = None  # the default model's tokenizer (the taught model shares it)
+  config.train_env_manager.num_env_groups = 1
+  config.train_env_manager.group_size = 2
+
+  class Link:  # the scheduler's side of the protocol: two tickets, then none
+    def __init__(self):
+      self.tickets = [Ticket(i, "FrozenLake", 0, i, 11) for i in range(2)]
+      self.done = []
+
+    async def next_ticket(self, env_id):
+      return self.tickets.pop() if self.tickets else None
+
+    async def put(self, trajectory):
+      self.done.append(trajectory)
+
+    async def report_error(self, ticket, error):
+      raise AssertionError(error)
+
+    async def fail(self, error):
+      raise AssertionError(error)
+
+  async def go():
+    link = Link()
+    worker = EnvWorker(config, "train_env_manager", [0, 1], link, [serve.grpc])
+    endpoints = {id(m.endpoint) for m in worker.managers}
+    assert len(endpoints) == 1 and worker.managers[0].endpoint is not None
+    await worker.start()
+    while len(link.done) < 2:
+      await worker.status()  # raises what an env loop raised
+      await asyncio.sleep(0.05)
+    await worker.managers[0].endpoint.stop()
+    await worker.client.close()
+    return link.done
+
+  done = asyncio.run(go())
+  assert sorted(t.ticket.generation for t in done) == [0, 1]
+  assert all(t.samples and t.samples[0].response_mask.count(1) > 0 for t in done)
