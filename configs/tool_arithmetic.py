@@ -15,7 +15,10 @@ Expected:  no learning yet from the default model. It has never seen a tool call
            2026-11-27 (seed 1, a host shared with other jobs): the 200-step warm start
            took 15 min; its model opens calls but writes malformed JSON (none of 8
            validation episodes played by it made a well-formed call), and over 30 RL
-           steps (26 min) validation and training success stayed 0.000. A real run
+           steps (26 min) validation and training success stayed 0.000. With the
+           calculator alone and 400 warm-start steps (22 min): calls mostly well formed,
+           but the numbers in them made up (the model does not copy multi-digit
+           numbers), success 0.000 at steps 0-16. A real run
            starts from an instruct model that calls tools
            (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct --config.warm_start_steps=0).
 
