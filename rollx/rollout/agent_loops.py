@@ -190,6 +190,7 @@ class ProgramTask:
   api_key: str = "rollx"
   rewards: List[float] = dataclasses.field(default_factory=list)
   info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  ended: str = ""  # "terminated" | "truncated" once a step ended the env's episode
   _session: Any = None
 
   async def step(self, text: str) -> Tuple[str, float, bool, Dict[str, Any]]:
@@ -197,6 +198,7 @@ class ProgramTask:
     obs, reward, terminated, truncated, info = self.env.step(text)
     self.rewards.append(float(reward))
     self.info = info
+    self.ended = "terminated" if terminated else ("truncated" if truncated else "")
     return obs, float(reward), bool(terminated or truncated), info
 
   async def call_tool(self, name: str, arguments: Dict[str, Any]) -> str:
@@ -272,6 +274,7 @@ class ProgramAgentLoop(EnvManager):
       score = float(result)
     elif task.rewards:
       score = sum(task.rewards)
+      finish = task.ended or finish
     elif finish == "length":
       score = 0.0
     else:  # the env scores the final reply (a task env's <answer>)

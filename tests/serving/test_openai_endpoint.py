@@ -354,9 +354,11 @@ def test_openai_sdk_frozenlake_program_episode_is_one_token_exact_sample(serve):
   env = envs.make_env(entry["env_type"], dict(entry["env_config"]))
   env.reset(seed=3)
   tok = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
-  score = sum(env.step(tok.decode(r, skip_special_tokens=True))[1] for r in responses)
-  assert traj.score == pytest.approx(score) and sample.reward == traj.score
-  assert traj.num_turns == len(responses) and traj.finish == "terminated"
+  steps = [env.step(tok.decode(r, skip_special_tokens=True)) for r in responses]
+  assert traj.score == pytest.approx(sum(s[1] for s in steps)) and sample.reward == traj.score
+  _, _, terminated, truncated, _ = steps[-1]
+  assert traj.num_turns == len(responses) and (terminated or truncated)
+  assert traj.finish == ("terminated" if terminated else "truncated")
 
 
 def test_a_program_that_answers_once_is_scored_by_the_env_and_one_that_overflows_ends(serve):
