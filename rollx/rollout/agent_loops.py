@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rollx.rollout import chat
 from rollx.rollout.env_manager import EnvManager, PromptTooLongError
-from rollx.rollout.types import Sample, Ticket, Trajectory
+from rollx.rollout.types import Sample, Ticket, Trajectory, oldest_response_version
 
 NAN = math.nan
 
@@ -133,12 +133,11 @@ class ToolAgentLoop(EnvManager):
     finally:
       session.close()
     sample = Sample(ids, mask, versions, float(score), behaviour_logp=behaviour)
-    response_versions = [v for v, m in zip(versions, mask) if m and v >= 0]
     counts = dict(session.counts)
     return Trajectory(
         ticket=ticket, samples=[sample], score=float(score), success=bool(info["success"]),
         num_turns=len(transcript), num_invalid_actions=int(info.get("num_invalid_actions", 0)),
-        finish=finish, start_version=min(response_versions, default=-1),
+        finish=finish, start_version=oldest_response_version([sample]),
         transcript=transcript, frames=frames, tool_counts=counts)
 
 
@@ -291,15 +290,13 @@ class ProgramAgentLoop(EnvManager):
     for record in transcript if self.on_turn is not None else ():  # rollx.play's printout
       self.on_turn(self, record)
     samples = rec.samples(score)
-    versions = [v for s in samples for v, m in zip(s.token_versions, s.response_mask)
-                if m and v >= 0]
     counts = dict(session.counts) if session.counts["calls"] else {}
     counts.update({f"sample_break_{k}": v for k, v in rec.breaks.items() if v})
     return Trajectory(
         ticket=ticket, samples=samples, score=score,
         success=bool(info.get("success", score >= 1.0)), num_turns=len(rec.calls),
         num_invalid_actions=int(info.get("num_invalid_actions", 0)), finish=finish,
-        start_version=min(versions, default=-1), transcript=transcript, frames=frames,
+        start_version=oldest_response_version(samples), transcript=transcript, frames=frames,
         tool_counts=counts)
 
 

@@ -37,7 +37,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
 
 import envs
 from rollx.rollout import prompts
-from rollx.rollout.types import Sample, Ticket, Trajectory
+from rollx.rollout.types import Sample, Ticket, Trajectory, oldest_response_version
 
 
 class PromptTooLongError(ValueError):
@@ -176,13 +176,11 @@ class EnvManager:
         prompt = b.continuation(obs, turn + 1, env.actions_left, response)
     if not self.step_wise and mask:
       samples = [Sample(ids, mask, versions, float(score), behaviour_logp=behaviour)]
-    response_versions = [v for s in samples for v, m in zip(s.token_versions, s.response_mask)
-                         if m and v >= 0]
     return Trajectory(
         ticket=ticket, samples=samples, score=float(score), success=bool(info["success"]),
         num_turns=len(transcript), num_invalid_actions=int(info.get("num_invalid_actions", 0)),
         num_ineffective_actions=int(info.get("num_ineffective_actions", 0)),
-        finish=finish, start_version=min(response_versions, default=-1),
+        finish=finish, start_version=oldest_response_version(samples),
         transcript=transcript, frames=frames, views=views)
 
   async def _respond(self, ticket: Ticket, turn: int, traj_key: str, budget: int,

@@ -34,6 +34,13 @@ class Sample:
   behaviour_logp: Optional[List[float]] = None
 
 
+def oldest_response_version(samples: Sequence["Sample"]) -> int:
+  """The oldest policy version among the samples' generated ids (-1: none known): a
+  trajectory's `start_version`."""
+  return min((v for s in samples for v, m in zip(s.token_versions, s.response_mask)
+              if m and v >= 0), default=-1)
+
+
 @dataclasses.dataclass
 class Trajectory:
   ticket: Ticket

@@ -514,10 +514,11 @@ class RollxEngine(engine_api.Engine):
       if conversation is not None and conversation.request is request:
         conversation.ids = np.concatenate([conversation.ids,
                                            np.asarray(response_ids, conversation.ids.dtype)])
-        conversation.versions = np.concatenate([
-            conversation.versions if conversation.versions is not None
-            else np.full(len(conversation.ids) - len(response_ids), -1, np.int32),
-            self._kv_versions(getattr(request, "first_step", None), len(response_ids))])
+        if self.keep_prefix_across_updates:  # per-id versions: only stale reuse reads them
+          conversation.versions = np.concatenate([
+              conversation.versions if conversation.versions is not None
+              else np.full(len(conversation.ids) - len(response_ids), -1, np.int32),
+              self._kv_versions(getattr(request, "first_step", None), len(response_ids))])
         conversation.finished = True
 
   def _kv_versions(self, first_step: Optional[int], num_tokens: int) -> np.ndarray:
@@ -641,7 +642,7 @@ class RollxEngine(engine_api.Engine):
     for i, s in enumerate(staged):  # the weights that prefilled it, not those at staging
       if s.prefix.request is not None:  # (kept stale keys/values: the oldest among them)
         s.prefix.request.prefill_version = min(version, stale_since.get(i, version))
-      if s.conversation is not None:
+      if s.conversation is not None and self.keep_prefix_across_updates:
         reused = (s.cached_versions[:s.start] if s.start and s.cached_versions is not None
                   else np.zeros((0,), np.int32))
         s.conversation.versions = np.concatenate([
