@@ -13,7 +13,7 @@ Same model (the shipped default, or --pretrain DIR), same machine, one process:
   `--slots` prompts.
 Prompts have mixed lengths (8..200 tokens); every request generates exactly
 `--max-new-tokens` tokens (no stop ids) so both sides produce the same token count.
-Prints generated tokens/s for both and the ratio. On a GPU it also prints the
+Prints generated tokens/s for both and the ratio, and the process's peak RSS. On a GPU it also prints the
 decode-step time against the memory-bandwidth floor (params + KV bytes / bandwidth).
 
 `--workload rollout` is the agentic shape instead (FrozenLake's): `--chains`
@@ -37,6 +37,7 @@ turn, generated tokens/s, wall time, and the ratio of the times (off / on).
 import argparse
 import asyncio
 import os
+import resource
 import sys
 import time
 
@@ -131,6 +132,7 @@ def main():
     for d in depths:
       times[d].append(run_rollx(d))
   rollx_s = min(times[depths[-1]])
+  rollx_rss = peak_rss_gib()  # before transformers loads
 
   ref = transformers.AutoModelForCausalLM.from_pretrained(loaded.model_dir, local_files_only=True)
   ref.eval()
@@ -166,6 +168,8 @@ def main():
           f"{(params_bytes + kv_bytes) / bw * 1e3:.3f} ms")
   else:
     print("decode step vs memory-bandwidth floor: n/a (no GPU in this run)")
+  print(f"peak RSS of this process after the rollx runs: {rollx_rss:.2f} GiB (model, "
+        "server and client; bench/server_memory.py measures a config's server alone)")
   for d in depths:
     best = min(times[d])
     print(f"{device.device_kind}: {shape}, {n_new} new tokens each, {args.slots} slots, "
@@ -175,6 +179,11 @@ def main():
   if len(depths) > 1:
     print(f"detokenize depth {depths[-1]} vs {depths[0]} (best of {args.repeats} each, "
           f"alternated): ratio {min(times[depths[0]]) / rollx_s:.2f}x requests/s")
+
+
+def peak_rss_gib() -> float:
+  """This process's peak resident memory so far (Linux reports KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 # (name, first prompt tokens, observation tokens per turn): trajectory-wise FrozenLake 4x4
@@ -234,6 +243,7 @@ def multiturn(loaded, args):
           f"{args.slots} slots: prefill tokens per turn {off_prefill:.0f} -> {on_prefill:.0f}, "
           f"{made / off:.0f} -> {made / on:.0f} generated tok/s, {off:.1f} s -> {on:.1f} s "
           f"per batch, ratio {off / on:.2f}x")
+  print(f"peak RSS of this process: {peak_rss_gib():.2f} GiB (model, servers and client)")
   print(f"KV reuse across turns on vs off, {', '.join(n for n, _, _ in SHAPES)}: "
         f"ratio {min(ratios):.2f}x (the smaller)")
 

@@ -3,6 +3,8 @@
 Command:   python -m rollx.train --config=configs/frozenlake.py   (or `make train`)
            learning curve: python -m rollx.curve --config=configs/frozenlake.py
            --minutes=30 --seed=1
+           ROLL's layout (whole conversations, trajectory-wise):
+           python -m rollx.train --config=configs/frozenlake.py:multiturn
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
 Runtime:   ~2.0 s per step on 2 CPU cores (~4.4 s with GAE), faster as episodes shorten;
            200 steps by default, validation every 10.
@@ -15,10 +17,19 @@ Expected:  (2026-11-26) greedy validation on 128 unseen maps, 30 min per seed: ~
            rollout correction), seed 1, beside sync on one loaded host (2026-11-27): both
            first >= 0.8 at step 200, async at 33.3 min, sync at 43.5.
 
-Every env step is one sample whose prompt is the current grid and a line naming the tile
-next to P in each direction; GRPO credits every step with its episode's discounted score,
-centred within its group of 8 episodes on one map (StarPO's trajectory-level credit, on a
-history-free policy). Training maps are random; validation maps come from a disjoint seed
+`:multiturn`: ROLL's layout, one sample per episode: the whole conversation (a 10-turn
+episode is 449 tokens), GRPO on the episode's score; each turn prefills only its new grid
+onto the conversation's cached keys/values. Runtime (2026-11-27, 2 CPU cores, steps 3-11
+of 12-step runs): 10.5 s a step (rollout 4.6 s, 41 prompt tokens prefilled a turn) vs
+14.5 s (8.7 s, 200 tokens) with reuse_kv=False and 64 slots. Expected (2026-11-27, seed 1,
+30 min = 167 steps): greedy validation 0.133 at the start, mean 0.088 over steps 0-80 and
+0.166 over steps 90-160 (best 0.281): no takeoff in 30 min, where the step-wise recipe
+passes 0.8 around step 160-180.
+
+Default (''): every env step is one sample whose prompt is the current grid and a line
+naming the tile next to P in each direction; GRPO credits every step with its episode's
+discounted score, centred within its group of 8 episodes on one map (StarPO's
+trajectory-level credit, on a history-free policy). Training maps are random; validation maps come from a disjoint seed
 stream, so validation measures generalisation. Why each setting, with measurements:
 docs/frozenlake_recipe.md.
 """
@@ -27,7 +38,9 @@ from rollx import config as rollx_config
 from rollx.rollout import prompts
 
 
-def get_config():
+def get_config(layout: str = ""):
+  if layout not in ("", "multiturn"):
+    raise ValueError(f"configs/frozenlake.py takes '' or ':multiturn', got {layout!r}")
   config = rollx_config.default_config()
   config.exp_name = "frozenlake_grpo"
   config.seed = 42
@@ -98,4 +111,21 @@ def get_config():
                       ineffective_action_ends_episode=False),
       max_tokens_per_step=8,  # "<answer>Right</answer><|im_end|>" is 4 tokens
       **prompts.COMPACT_PROMPTS["FrozenLake"])  # no system text: a sample is the grid alone
+
+  if layout == "multiturn":
+    # ROLL's layout (StarPO): one sample per episode, the whole conversation, each turn
+    # the new grid after the model's earlier answers; GRPO on the episode's score.
+    config.exp_name = "frozenlake_multiturn_grpo"
+    for manager in (config.train_env_manager, config.val_env_manager):
+      manager.env_manager_type = "trajectory"
+    config.episode_reward_gamma = 1.0  # a discount over steps needs step samples
+    config.sequence_length = 512  # a 10-turn conversation: 449 tokens
+    # every turn prefills only its new grid onto the conversation's cached keys/values
+    # (reuse_kv, the default); the cache must hold the last turn
+    config.actor_infer.strategy_args.max_prefill_length = 512
+    config.actor_infer.strategy_args.max_cache_length = 512
+    # a conversation's keys/values live in its slot between turns: one slot for each of
+    # the 128 conversations in flight (with 64, half of every turn's prompts lost their
+    # cache to another conversation and were prefilled whole)
+    config.actor_infer.strategy_args.max_concurrent_decodes = 128
   return config

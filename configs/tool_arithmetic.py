@@ -19,7 +19,11 @@ Expected:  no learning yet from the default model. It has never seen a tool call
            calculator alone and 400 warm-start steps (22 min): invalid answers 0.33 (from
            0.52), success 0.000 at steps 0-16; by hand, 1 of 8 episodes made a
            well-formed call, its numbers made up (the model does not copy multi-digit
-           numbers). A real run starts from an instruct model that calls tools
+           numbers). The warm start's loss now covers the model's turns only (before,
+           the ~450-token tool prompt owned it); with it, a calculator-only variant on
+           2-digit products (150 warm-start steps, 9 min) writes calls of the right shape
+           but the same expression for every problem: the 0.67M model does not read the
+           problem into its call. A real run starts from an instruct model that calls tools
            (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct --config.warm_start_steps=0).
 
 Tasks are reasoning-gym's `basic_arithmetic` with 3-4 terms of 3-4 digits: exact answers

@@ -29,7 +29,7 @@ from typing import List, Optional, Sequence
 import ml_collections
 import ray
 
-from rollx import console
+from rollx import console, hostmem
 from rollx.errors import RolloutError
 from rollx.parallel import distributed
 from rollx.rollout.env_worker import EnvWorker
@@ -100,6 +100,7 @@ class ServerActor:
 
   def __init__(self, config_dict: dict, index: int = 0, board=None,
                host: str | None = "127.0.0.1", port: int = 0):
+    hostmem.use_server_malloc()  # before the engine allocates (rollx.hostmem)
     if host is None:  # in a cluster: this node's address, which env workers elsewhere can reach
       host = ray.util.get_node_ip_address()
     params, version = None, 0

@@ -21,7 +21,7 @@ import signal
 import threading
 from absl import app, flags
 
-from rollx import cli
+from rollx import cli, hostmem
 from rollx.serving import server as server_lib
 
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "interface to bind")
@@ -64,6 +64,7 @@ def main(argv) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments {argv[1:]}")
   config = cli.load_config()
+  hostmem.use_server_malloc()  # a server's malloc settings (rollx.hostmem)
   server = server_lib.server_from_config(config, _HOST.value, _PORT.value)
   print(f"serving on {server.address}", flush=True)
   if _OPENAI_PORT.value is not None:

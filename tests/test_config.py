@@ -20,7 +20,7 @@ def errors_of(config):
   return dict(e.value.errors)
 
 
-SHIPPED = ["frozenlake", "sokoban", "sokoban:multiturn", "simple_sokoban", "webshop"]
+SHIPPED = ["frozenlake", "frozenlake:multiturn", "sokoban", "sokoban:multiturn", "simple_sokoban", "webshop"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -151,14 +151,29 @@ def _lm_loss(model, params, batch, rng):
   return nll, {"nll": nll}
 
 
+def loss_mask(samples, responses_only: bool = False) -> np.ndarray:
+  """[N, T] 1.0 where the warm start's loss predicts a token: every token of a transcript
+  but each sample's first, or the policy's tokens alone (`responses_only`)."""
+  if responses_only:
+    # Tool demonstrations: a few dozen answer tokens after a ~450-token constant system
+    # prompt, which would otherwise own the loss while the calls stay unlearned.
+    predicted = samples.response_mask.astype(np.float32)
+  else:
+    predicted = samples.segment_ids.astype(np.float32)
+  predicted[:, 0] = 0.0  # each sample's first token has no prediction
+  return predicted
+
+
 def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_rate: float = 2e-3,
                seed: int = 0, entries=WARM_START_ENVS, log_every: int = 50,
                think_tags: Sequence[str] = (), sequence_length: int = SEQUENCE_LENGTH,
                num_episodes: Optional[int] = None,
-               episodes: Optional[List[Trajectory]] = None) -> dict:
+               episodes: Optional[List[Trajectory]] = None,
+               responses_only: bool = False) -> dict:
   """Trains the model in `model_dir` in place on random-valid-answer episodes
   (`num_episodes`, default steps x batch_size: one per row the steps read), or on
-  `episodes` when given."""
+  `episodes` when given; the loss covers every token of a transcript, or with
+  `responses_only` the policy's tokens alone."""
   from rollx.trainer.step import Trainer
   from rollx import models
   loaded = models.load_model(model_dir)
@@ -179,8 +194,7 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
                                      seed, sequence_length, think_tags=think_tags)
   samples = collate(episodes, sequence_length)
   plan = packing.plan(samples.segment_ids.sum(axis=1), sequence_length, batch_size)
-  predicted = samples.segment_ids.astype(np.float32)
-  predicted[:, 0] = 0.0  # each sample's first token has no prediction
+  predicted = loss_mask(samples, responses_only)
   data = {"input_ids": plan.pack(samples.input_ids), "segment_ids": plan.segment_ids(),
           "loss_mask": plan.pack(predicted)}
   order = np.random.default_rng(seed).permutation(plan.num_rows)
@@ -238,10 +252,11 @@ def for_config(config) -> str:
     rows = -(-rows // max(1, max_steps // 2))
   # tool loops: solved demonstrations on other task families (rollx.recipes.tool_demos)
   tokenizer = hf.load_tokenizer(tmp)
-  episodes = []
+  episodes, demos = [], False
   for k, (tag, entry, manager_args, share) in enumerate(entries):
     n = max(1, round(rows * share))
     if entry.get("agent_loop") in ("tool", "program") and entry.get("tools"):
+      demos = True
       episodes += tool_demos.demonstration_episodes(tokenizer, entry, n, config.seed + k,
                                                     config.sequence_length)
     else:
@@ -249,7 +264,7 @@ def for_config(config) -> str:
                                         config.seed + k, config.sequence_length)
   warm_start(tmp, steps=config.warm_start_steps, seed=config.seed, entries=entries,
              sequence_length=config.sequence_length, episodes=episodes,
-             log_every=max(1, config.warm_start_steps // 4))
+             log_every=max(1, config.warm_start_steps // 4), responses_only=demos)
   os.replace(tmp, target)  # whole or absent: a run killed mid-way builds it again
   return target
 

@@ -13,7 +13,7 @@ import envs
 from rollx import config as config_lib
 from rollx.models import DEFAULT_MODEL_DIR, hf
 from rollx.rollout import agent_loops, chat
-from rollx.rollout.types import Ticket
+from rollx.rollout.types import Ticket, collate
 
 TEMPLATES = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures", "chat_templates")
 # family -> (template file or None for the shipped one, special tokens, eos)
@@ -228,6 +228,16 @@ def test_tool_demonstrations_solve_other_families_through_the_real_loop(tmp_path
     question = t.transcript[0]["observation"]
     assert question.startswith(("State the final answer", "Solve the following multiplication"))
   assert not tool_demos.demo_families_overlap(config.custom_envs.Arithmetic.env_config.datasets)
+  # the warm start learns the calls and answers, not the constant system prompt
+  samples = collate(episodes, 1024)
+  mask = warm_start.loss_mask(samples, responses_only=True)
+  for row, t in zip(range(len(episodes)), episodes):
+    learned = tok.decode(samples.input_ids[row][mask[row] > 0])
+    call, answer = t.transcript
+    assert learned.startswith('<tool_call>\n{"name": "calculator"'), learned
+    assert learned.endswith(f"<answer>{answer['action']}</answer><|im_end|>"), learned
+    assert "# Tools" not in learned and "<tool_response>" not in learned
+  assert warm_start.loss_mask(samples).sum() == samples.segment_ids.sum() - len(episodes)
   config.output_dir = str(tmp_path)
   config.warm_start_steps = 1
   config.custom_envs.Arithmetic.env_config.datasets = ("products",)

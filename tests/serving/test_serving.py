@@ -348,7 +348,7 @@ def test_killing_one_of_two_servers_mid_run_client_finishes_on_the_other():
 
 def test_ray_actor_server_and_weight_push_through_object_store():
   import ray
-  from rollx import cluster, models
+  from rollx import cluster, hostmem, models
   config = config_lib.default_config()
   config.actor_infer.strategy_args.update(max_concurrent_decodes=4, max_prefill_length=32,
                                           max_cache_length=64)
@@ -363,6 +363,10 @@ def test_ray_actor_server_and_weight_push_through_object_store():
     client.update_params(params, 5)
     second = run(client.generate("b", [1, 2, 3], 8, mode="val"))
     assert second.policy_version == 5 and servers.versions() == [5]
+    # the server process switched to a server's malloc settings (rollx.hostmem)
+    (actor,) = servers.actors
+    assert ray.get(actor.__ray_call__.remote(
+        lambda self: hostmem.server_malloc_in_use())) == hostmem.server_malloc_allowed()
   finally:
     ray.shutdown()
 
