@@ -24,14 +24,14 @@ of 12-step runs): 10.5 s a step (rollout 4.6 s, 41 prompt tokens prefilled a tur
 14.5 s (8.7 s, 200 tokens) with reuse_kv=False and 64 slots. Expected (2026-11-27, seed 1,
 30 min = 167 steps): greedy validation 0.133 at the start, mean 0.088 over steps 0-80 and
 0.166 over steps 90-160 (best 0.281): no takeoff in 30 min, where the step-wise recipe
-passes 0.8 around step 160-180.
+passes 0.8 at steps 170-180.
 
 Default (''): every env step is one sample whose prompt is the current grid and a line
 naming the tile next to P in each direction; GRPO credits every step with its episode's
 discounted score, centred within its group of 8 episodes on one map (StarPO's
-trajectory-level credit, on a history-free policy). Training maps are random; validation maps come from a disjoint seed
-stream, so validation measures generalisation. Why each setting, with measurements:
-docs/frozenlake_recipe.md.
+trajectory-level credit, on a history-free policy). Training maps are random; validation
+maps come from a disjoint seed stream, so validation measures generalisation. Why each
+setting, with measurements: docs/frozenlake_recipe.md.
 """
 
 from rollx import config as rollx_config

@@ -12,7 +12,12 @@ settings below freed blocks stay in the heap and the next call reuses them:
   arenas fall back to mmap for large blocks whatever `mmap_max` says, and XLA's
   worker threads do the allocating.
 The cost is that the process keeps its peak heap (it would touch it again on the
-next step anyway). A rollout server is different: its peak comes from rare calls
+next step anyway). glibc reads these settings only at process start, so an entry
+point re-executes itself once with them (`reexec_with_tuned_malloc`); child
+processes, Ray's workers included, inherit the environment. `ROLLX_MALLOC_TUNING=0`
+keeps the system default.
+
+A rollout server is different: its peak comes from rare calls
 (a full prefill of a long conversation) while its steady decode steps are small, and
 keeping that peak took `configs/sokoban.py:multiturn`'s server from 1.8 to 2.8 GiB
 (bench/server_memory.py). A server process switches itself to `SERVER_MALLOPT` when
