@@ -5,12 +5,13 @@
 
 For each config (default: every shipped one), `python -m rollx.serve --config=...` runs
 in a child process, twice: started as training starts its processes (rollx.hostmem's
-settings, which a server switches to its own at start-up) and with
-ROLLX_MALLOC_TUNING=0 (glibc's defaults: the baseline). Its load is the config's worst case: `max_concurrent_decodes` conversations
-at once, each starting at half the server's prefill length and growing turn by turn
-(`--turns`) to the longest prompt the server takes, each turn `max_new_tokens` long, so
-full-bucket prefills and continuations onto cached keys/values both run. The figure is
-the child's peak RSS (the kernel's VmHWM) and the ratio of the two runs.
+settings, which a server switches to its own at start-up) and with ROLLX_MALLOC_TUNING=0
+(glibc's defaults: the baseline). Its load is the config's worst case:
+`max_concurrent_decodes` conversations at once, each starting at half the server's
+prefill length and growing turn by turn (`--turns`) to the longest prompt the server
+takes, each turn `max_new_tokens` long, so full-bucket prefills and continuations onto
+cached keys/values both run. The figure is the child's peak RSS (the kernel's VmHWM) and
+the ratio of the two runs.
 """
 
 import argparse

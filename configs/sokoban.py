@@ -9,8 +9,9 @@ Hardware:  one CPU host (2 cores) for the default model (step-wise); a GPU/TPU h
 Runtime:   (2026-11-26, 2 CPU cores) a 3-step run: 131 s in all, steps of 61 / 32 / 24 s
            (the first ones compile); ~35 s per step later on. `:multiturn` (2026-11-27):
            one step 4.7 min (rollout 93 s, log-probs 65 s, train 124 s, compiles
-           included), 6.3 GiB peak memory in all (trainer 3.0 GiB, JetStream server 2.3,
-           1.8 in the worst case since it uses its own malloc settings);
+           included), 6.3 GiB peak memory in all (trainer 3.0 GiB, JetStream server 2.3;
+           the server now has its own malloc settings: 1.8 GiB on bench/server_memory.py's
+           worst-case load);
            each turn prefills ~100 new prompt tokens and reuses ~750 cached ones. Before
            KV reuse across turns (2026-11-26): ~21 min, rollout 952 s, 10.1 GB.
 Expected:  (2026-11-26) not shown to learn: 30 min, seed 1, 50 steps: greedy validation

@@ -231,9 +231,9 @@ def test_tool_demonstrations_solve_other_families_through_the_real_loop(tmp_path
   # the warm start learns the calls and answers, not the constant system prompt
   samples = collate(episodes, 1024)
   mask = warm_start.loss_mask(samples, responses_only=True)
-  for row, t in zip(range(len(episodes)), episodes):
+  for row, t in enumerate(episodes):
     learned = tok.decode(samples.input_ids[row][mask[row] > 0])
-    call, answer = t.transcript
+    answer = t.transcript[-1]
     assert learned.startswith('<tool_call>\n{"name": "calculator"'), learned
     assert learned.endswith(f"<answer>{answer['action']}</answer><|im_end|>"), learned
     assert "# Tools" not in learned and "<tool_response>" not in learned
