@@ -37,8 +37,8 @@ TUNABLES = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
 # mallopt parameter -> value (glibc's malloc.h: M_TRIM_THRESHOLD -1, M_MMAP_THRESHOLD -3,
 # M_MMAP_MAX -4, M_ARENA_MAX -8); 65536 is glibc's default M_MMAP_MAX
 SERVER_MALLOPT = {-8: 1, -4: 65536, -3: 64 * 2**20, -1: 128 * 2**20}
-_server_malloc = False
 OPT_OUT = "ROLLX_MALLOC_TUNING"
+_server_malloc = False  # use_server_malloc switched this process
 
 
 def tuned_environ(environ=None) -> dict | None:
@@ -74,7 +74,8 @@ def use_server_malloc() -> bool:
     return False
   import ctypes
   libc = ctypes.CDLL("libc.so.6")
-  _server_malloc = all(libc.mallopt(k, v) == 1 for k, v in SERVER_MALLOPT.items())
+  applied = [libc.mallopt(k, v) == 1 for k, v in SERVER_MALLOPT.items()]  # every one
+  _server_malloc = all(applied)
   return _server_malloc
 
 
