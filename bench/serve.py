@@ -6,7 +6,7 @@
     python bench/serve.py --quick    # `make bench`: rollout shape, 16 chains x 2 turns, depth 1
 
 Same model (the shipped default, or --pretrain DIR), same machine, one process:
-- rollx: an in-process RolloutServer (JetStream Driver + gRPC on loopback), all
+- rollx: an in-process RolloutServer (rollx's generate loop + gRPC on loopback), all
   requests submitted at once through the RolloutClient, continuous batching over
   `--slots` KV-cache slots;
 - baseline: transformers `generate` (torch CPU), greedy, left-padded batches of
@@ -21,8 +21,8 @@ episodes, each `--turns` requests of a 32-token prompt and 5 new tokens, a chain
 sending its next request when its previous answer is back (rollx: all chains at
 once, no barrier; transformers: every chain's turn t as one batch). What sets the
 rate here is the per-request path (queueing, prefill, one short answer), not the
-decode step. `--depths 8,1` (its default) runs the rollx server once per
-`detokenize_depth` (JetStream's 8, rollx's 1), alternating `--repeats` times, and
+decode step. `--depths 0,1` runs the rollx server once per `detokenize_depth` (generate
+steps dispatched before a step's tokens are read), alternating `--repeats` times, and
 prints the ratio of the last depth to the first.
 
 `--workload multiturn` is a trajectory-wise conversation (ROLL's FrozenLake / Sokoban
@@ -64,7 +64,7 @@ def main():
   p.add_argument("--chains", type=int, default=None, help="default 128 (rollout), 64 (multiturn)")
   p.add_argument("--turns", type=int, default=None, help="default 5 (rollout), 10 (multiturn)")
   p.add_argument("--depths", default=None,
-                 help="comma-separated detokenize depths (default: 8,1 for rollout, 1 otherwise)")
+                 help="comma-separated detokenize depths (default: 1)")
   p.add_argument("--repeats", type=int, default=2)
   p.add_argument("--quick", action="store_true",
                  help="rollout workload, 16 chains x 2 turns, 16 slots, depth 1 (make bench)")
@@ -90,8 +90,7 @@ def main():
                for _ in range(args.requests)]
   total = len(prompts) * n_new
 
-  depths = [int(d) for d in (args.depths or ("8,1" if args.workload == "rollout" else "1")
-                             ).split(",")]
+  depths = [int(d) for d in (args.depths or "1").split(",")]
 
   def run_rollx(depth):
     """Seconds for the workload on a fresh in-process server with this detokenize depth."""

@@ -119,8 +119,8 @@ def _worker(role: str, *, learning_rate: float, **extra) -> ml_collections.Confi
           max_prefill_length=512,  # longest prompt a server takes (a power of two >= 16)
           max_cache_length=1024,  # KV-cache length per slot: prompt + response
           num_servers=1,  # inference servers behind the rollout client
-          # generate steps a server may run ahead of returning their tokens (JetStream's
-          # own is 8); 1 answers short agentic requests sooner (rollx.serving.server)
+          # generate steps a server dispatches before it reads a step's tokens: 1 overlaps
+          # the next step with the reads, 0 reads each step first (rollx.serving.batching)
           detokenize_depth=1,
           # A trajectory's next turn prefills only its new ids onto the keys/values its
           # previous turn left in the server (checked id by id; dropped when the weights
@@ -514,9 +514,12 @@ def _workers(c: _Checker, cfg):
           fills.append(key)
     c.rule(len(fills) <= 1, f"{role}.strategy_args.{fills[-1] if fills else ''}",
            f"only one of {', '.join(fills)} may be -1 (fill)")
-    for key in ("num_microbatches", "max_concurrent_decodes", "num_servers", "detokenize_depth"):
+    for key in ("num_microbatches", "max_concurrent_decodes", "num_servers"):
       if _is_int(s[key]):
         c.rule(s[key] >= 1, f"{role}.strategy_args.{key}", f"must be >= 1, got {s[key]}")
+    if _is_int(s.detokenize_depth):
+      c.rule(s.detokenize_depth >= 0, f"{role}.strategy_args.detokenize_depth",
+             f"must be >= 0, got {s.detokenize_depth}")
     if _is_int(s.max_restarts):
       c.rule(s.max_restarts >= -1, f"{role}.strategy_args.max_restarts",
              f"must be >= 0 or -1 (no limit), got {s.max_restarts}")

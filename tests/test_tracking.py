@@ -43,7 +43,7 @@ def test_importing_the_server_loads_no_tensorflow():
   # JetStream 0.2.2 imports seqio (and so TensorFlow) for text tokenization rollx never
   # does; rollx.serving.compat stands in for it: no TensorFlow, nothing on the console
   code = ("import sys; from rollx.serving import compat; compat.apply(); "
-          "from jetstream.core import orchestrator; from rollx.serving import server; "
+          "from jetstream.engine import engine_api; from rollx.serving import server; "
           "print('tensorflow' in sys.modules, hasattr(sys.modules['seqio'], '__file__'))")
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env=train_env())

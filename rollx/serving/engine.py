@@ -4,9 +4,9 @@ The decode state holds `max_concurrent_decodes` slots: a KV cache
 `[L, slots, K, max_cache_length, hd]` (slot row s, position p at index p), the
 next-token logits of every slot, its write position, and its sampling settings.
 
-- `prefill` takes one prompt (padded by JetStream to a power-of-two bucket) and
-  stages it: no model call yet. In 0.2.2 prefill emits no token anyway: the first
-  token comes from the next `generate`.
+- `prefill` takes one prompt (padded to a power-of-two bucket) and stages it: no
+  model call yet (as in JetStream 0.2.2's API, prefill emits no token: the first
+  token comes from the next `generate`).
 - `insert` assigns a staged prompt to a slot with its sampling settings (train or
   validation: requests of both kinds share the batch) and its sampling key (from the
   request's id: token i is drawn with fold_in(key, i), so a request's tokens do not
@@ -17,7 +17,7 @@ next-token logits of every slot, its write position, and its sampling settings.
   runs one decode step with it (next logits, cache write). A sampled stop
   id is returned as a normal token (trajectories must contain exactly what the
   model produced, EOS included); the slot reports `valid = 0` from the next step
-  on, which ends the request in JetStream's detokenizer.
+  on (rollx.serving.batching ends the request at the stop id itself).
 
 KV reuse across turns (`reuse_kv`): an agent's every turn sends the whole
 conversation so far. When a request names its trajectory (`trajectory_id`) and its
@@ -31,34 +31,26 @@ weights version that computed its keys/values, the request's prefill version is 
 oldest of them (so the response's policy version, and the trainer's off-policy
 correction, see the staleness), and the engine counts the stale ids it reused
 (`stale_reused_tokens`, `max_prefix_staleness`). Entries live in the slots
-themselves: JetStream hands free slots out first-in first-out, so a finished turn's
-slot is the last to be reused.
+themselves: the generate loop gives a request its conversation's slot when that is
+free, and otherwise the slot freed longest ago.
 
-Why prefill is deferred into `generate`: 0.2.2's Driver prefills one request per
-call on its prefill thread, hands it through a transfer thread (which waits for the
-prefill to finish) to the generate thread, one request at a time in interleaved
-mode, while the device also runs the (fixed-cost, all-slot) decode steps. With short
-multi-turn prompts that chain, not the model, set the rate: ~140 requests/s and
-~2-6 of 64 slots live on a 2-core CPU, every request queued ~0.2 s before its first
-token. Staged, the three threads only move Python objects and the newcomers of a
-step are prefilled together: 1.4-1.6x the requests/s on the rollout workload
-(`bench/serve.py --workload rollout`).
+Why prefill is deferred into `generate`: the newcomers of a step are prefilled
+together, in as few calls as their buckets allow, instead of one call per request
+(JetStream 0.2.2's orchestrator prefills one request per call on its own thread; with
+short multi-turn prompts that chain, not the model, set the rate).
 
-Weights: the engine serves a `VersionedParams` container. JetStream's driver
-threads bind their `params` argument once at start, so the container, not the
-arrays, is what they hold; `update_params` swaps its contents under a lock and
-every prefill/generate call reads the current (version, params) pair once. A
-swap therefore lands between two generate steps, never inside one. The engine
-records the version used by each generate step, so a response can report the
-version of every token it contains, and keeps each step's behaviour log-probs (the
-log-prob of every sampled token under the distribution it was drawn from), which the
-learner's rollout correction compares with its own.
+Weights: the engine serves a `VersionedParams` container; `update_params` swaps its
+contents under a lock and every generate call reads the current (version, params) pair
+once. A swap therefore lands between two generate steps, never inside one. The engine
+records the version used by each generate step, so a response can report the version of
+every token it contains; each step's output also carries the behaviour log-prob of every
+sampled token (under the distribution it was drawn from), which the learner's rollout
+correction compares with its own.
 """
 
 from __future__ import annotations
 
 import bisect
-import collections
 import dataclasses
 import threading
 import zlib
@@ -78,10 +70,6 @@ from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2  # noqa: E
 
 from rollx.serving import PREFILL_BUCKETS  # noqa: E402
 
-# Generate steps kept beyond the longest possible request (max_cache_length steps) for
-# `behaviour_logp_of`: the gRPC side reads a request's steps after it completes, which
-# can lag the generate loop by the detokenize backlog and a busy event loop.
-HISTORY_SLACK = 4096
 # Attention keys per prefill call at most (rows x keys per row; `RollxEngine._rows`): 8
 # rows of up to 1024 tokens, fewer for longer buckets and for continuations (whose
 # queries also attend to the slot's cache). Measured on configs/sokoban.py:multiturn
@@ -91,8 +79,8 @@ HISTORY_SLACK = 4096
 PREFILL_TOKENS = 8192
 
 
-def _bucket(n: int) -> int:
-  """The padded width of n continuation ids: the prompt buckets' powers of two."""
+def prefill_bucket(n: int) -> int:
+  """The padded width of n prompt (or continuation) ids: the smallest prefill bucket that fits."""
   return PREFILL_BUCKETS[bisect.bisect_left(PREFILL_BUCKETS, n)]
 
 
@@ -131,7 +119,7 @@ class VersionedParams:
 class Prefix:
   """A staged prompt (the next `generate` prefills it). Plain Python, not a pytree,
   so request metadata can ride along."""
-  tokens: np.ndarray  # [bucket] int32, padded by JetStream
+  tokens: np.ndarray  # [bucket] int32, padded to a prefill bucket
   true_length: int
   request: Any = None  # set by the server (see server.RollxRequest)
 
@@ -178,7 +166,7 @@ class SlotState:
 
 
 class TokenIdsTokenizer(tokenizer_api.Tokenizer):
-  """What JetStream's driver threads need from a tokenizer for token-id requests.
+  """What JetStream's Engine API asks of a tokenizer, for token-id requests.
 
   Stops are the engine's job (see module doc), so `stop_tokens` is empty.
   `encode`/`decode` go through the HF tokenizer for text requests and logging.
@@ -282,14 +270,8 @@ class RollxEngine(engine_api.Engine):
     self.num_steps = 0
     self._version_starts: List[int] = []
     self._versions: List[int] = []
-    # Every recent generate step's output (device arrays; the detokenize thread's host
-    # copy is cached on them): a request's behaviour log-probs are read from them by slot
-    # and step when it completes, so they cost no extra transfer per step.
-    self._history: "collections.deque" = collections.deque(
-        maxlen=self.max_cache_length + HISTORY_SLACK)
-    self._history_lock = threading.Lock()
     # KV reuse across turns: slot -> the conversation whose keys/values it holds, and
-    # trajectory -> its slot (insert: generate thread; finish: the gRPC side)
+    # trajectory -> its slot
     self.reuse_kv = bool(reuse_kv)
     self.keep_prefix_across_updates = bool(keep_prefix_across_updates)
     self.stale_reused_tokens = 0  # reused ids computed by older weights than the sampling's
@@ -297,7 +279,6 @@ class RollxEngine(engine_api.Engine):
     self._conversations: Dict[int, _Conversation] = {}
     self._slot_of: Dict[str, int] = {}
     self._conversation_lock = threading.Lock()
-    self._inserted: set = set()  # slots given a request since JetStream last freed them
     self.prefilled_tokens = 0  # prompt tokens run through the model
     self.reused_tokens = 0  # prompt tokens whose keys/values were reused instead
     stop = jnp.asarray(self.stop_token_ids or (-1,), jnp.int32)
@@ -360,11 +341,11 @@ class RollxEngine(engine_api.Engine):
           state, cache=cache, logits=logits.astype(jnp.float32),
           pos=jnp.minimum(state.pos + 1, self.max_cache_length - 1), lengths=lengths,
           done=done)
-      # column 3: the behaviour log-prob's float32 bits (JetStream reads columns 0-2)
+      # column 3: the behaviour log-prob's float32 bits (ResultTokens names columns 0-2)
       data = jnp.stack([tokens, valid.astype(jnp.int32), lengths,
                         jax.lax.bitcast_convert_type(logp.astype(jnp.float32), jnp.int32)], axis=1)
       # Emitted tokens' log-probs (slots without a live request included: the
-      # detokenizer, not the engine, knows which slots are live).
+      # generate loop, not the engine, knows which slots are live).
       stats = jnp.stack([jnp.sum(jnp.where(valid, logp, 0.0)), jnp.sum(valid).astype(jnp.float32)])
       return new, data, logp_totals + stats
 
@@ -407,22 +388,6 @@ class RollxEngine(engine_api.Engine):
     return [self.version_at(first_step)] + [
         self.version_at(t - 1) for t in range(first_step + 1, first_step + num_tokens)]
 
-  def behaviour_logp_of(self, slot: Optional[int], first_step: Optional[int],
-                        num_tokens: int) -> np.ndarray:
-    """[num_tokens] float32: the behaviour log-prob of each token of the request that
-    held `slot` from generate step `first_step` (token i was sampled at step
-    first_step + i). Raises LookupError if those steps are no longer kept."""
-    if first_step is None or num_tokens == 0:
-      return np.zeros((0,), np.float32)
-    with self._history_lock:
-      start = self.num_steps - len(self._history)
-      if first_step < start or first_step + num_tokens > self.num_steps:
-        raise LookupError(f"generate steps {first_step}..{first_step + num_tokens - 1} are not "
-                          f"kept (steps {start}..{self.num_steps - 1} are)")
-      steps = [self._history[t - start] for t in range(first_step, first_step + num_tokens)]
-    bits = np.array([np.asarray(d)[slot, 3] for d in steps], np.int32)
-    return bits.view(np.float32)
-
   def sampled_logprob_stats(self) -> Tuple[float, int]:
     """(sum of emitted tokens' behaviour log-probs, their count) since the engine started; kept on
     device and added asynchronously, so reading it is the only host sync."""
@@ -441,16 +406,12 @@ class RollxEngine(engine_api.Engine):
   def insert(self, prefix: Prefix, decode_state: SlotState, slot: int) -> SlotState:
     request = prefix.request
     sampling = getattr(request, "sampling", None) or self.sampling["train"]
-    if request is not None:
-      # The engine's own step count, not the orchestrator loop's `generate_timestep`,
-      # which restarts at 0 when compat restarts a generate loop: the next generate
-      # step prefills this request and makes its first token.
+    if request is not None:  # the next generate step prefills it and samples its first token
       request.first_step, request.slot = self.num_steps, int(slot)
-    self._inserted.add(int(slot))
     staged, source = self._continuation(int(slot), prefix, sampling)
     if staged.start and source != slot:
-      # moved now, before anything is prefilled into `source` (JetStream may hand it
-      # to the next request of this very step)
+      # moved now, before anything is prefilled into `source` (the generate loop may
+      # give it to another request of this very step)
       decode_state = self._move(decode_state, np.int32(source), np.int32(slot))
     self._staged.append(staged)
     return decode_state
@@ -492,13 +453,6 @@ class RollxEngine(engine_api.Engine):
     self._anonymous_requests += 1
     return zlib.crc32(f"#{self._anonymous_requests}".encode())
 
-  def slot_was_used(self, slot: int) -> bool:
-    """Whether a request ran in `slot` since JetStream last took it from its free slots
-    (forgotten on asking): compat.reuse_slots_least_recent_first's question."""
-    used = int(slot) in self._inserted
-    self._inserted.discard(int(slot))
-    return used
-
   def slot_for(self, request) -> Optional[int]:
     """The slot holding `request`'s trajectory's finished previous turn, if any."""
     trajectory = getattr(request, "trajectory_id", "")
@@ -537,8 +491,8 @@ class RollxEngine(engine_api.Engine):
                                   and self._version_starts[-1] <= step)
 
   def warmup(self, prompt_buckets: Sequence[int]) -> None:
-    """Compiles the decode step and the prefill for these prompt buckets (JetStream
-    pads prompts to `PREFILL_BUCKETS`), on a scratch decode state."""
+    """Compiles the decode step and the prefill for these prompt buckets (prompts are
+    padded to `PREFILL_BUCKETS`), on a scratch decode state."""
     weights = self.params_holder.get()[1]
     state = self.init_decode_state()
     state, _, totals = self._generate(weights, state, self._logp_totals)
@@ -627,12 +581,12 @@ class RollxEngine(engine_api.Engine):
           self.max_prefix_staleness = max(self.max_prefix_staleness, version - oldest)
         else:  # the weights changed since the prefix was computed: prefill it all again
           s.start, s.conversation.since = 0, self.num_steps
-    # Same-bucket prompts share a call (JetStream pads each to its bucket).
+    # Same-bucket prompts share a call (each is padded to its bucket).
     for width, chunk in self._chunks([s for s in staged if not s.start],
                                      lambda s: len(s.prefix.tokens)):
       decode_state = self._prefill(weights, decode_state, *self._chunk_arrays(width, chunk))
     for width, chunk in self._chunks([s for s in staged if s.start],
-                                     lambda s: _bucket(s.prefix.true_length - s.start), True):
+                                     lambda s: prefill_bucket(s.prefix.true_length - s.start), True):
       decode_state = self._extend(weights, decode_state, *self._extend_arrays(width, chunk))
     self.prefilled_tokens += sum(s.prefix.true_length - s.start for s in staged)
     self.reused_tokens += sum(s.start for s in staged)
@@ -651,9 +605,7 @@ class RollxEngine(engine_api.Engine):
     if not self._versions or self._versions[-1] != version:
       self._version_starts.append(self.num_steps)
       self._versions.append(version)
-    with self._history_lock:
-      self._history.append(data)
-      self.num_steps += 1
+    self.num_steps += 1
     return decode_state, engine_api.ResultTokens(
         data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3), samples_per_slot=1)
 

@@ -1,11 +1,12 @@
-"""A JetStream server for a RollxEngine: JetStream's own Driver and gRPC Orchestrator service.
+"""A JetStream server for a RollxEngine: rollx's generate loop behind JetStream's gRPC service.
 
-Token ids in, token ids out (`DecodeRequest.token_content` -> a `DecodeResponse`
-stream, one message holding the whole response: see ResponseChannel): a trajectory
-must be trained on exactly the ids the model produced, so text never crosses this
-boundary.
+Token ids in, token ids out (`DecodeRequest.token_content` -> one `DecodeResponse`
+holding the whole response): a trajectory must be trained on exactly the ids the model
+produced, so text never crosses this boundary. The wire protocol is JetStream's
+`Orchestrator` service (`Decode`, `HealthCheck`), so JetStream's own clients work; the
+requests are batched by rollx.serving.batching's loop over the JetStream Engine API.
 
-What rollx adds around JetStream 0.2.2 (whose Decode has no fields for these):
+What rollx adds to the protocol (JetStream 0.2.2's Decode has no fields for these):
 - request checks before anything is queued (empty prompt, id out of vocab, prompt
   longer than the prefill buckets or the cache): gRPC INVALID_ARGUMENT, and the
   server keeps serving;
@@ -20,6 +21,11 @@ What rollx adds around JetStream 0.2.2 (whose Decode has no fields for these):
   between two generate steps, the port stays open and HealthCheck keeps answering.
   With `abort_in_flight`, requests running at the swap end with gRPC ABORTED
   (ROLL's semantics: the client resubmits them under the new weights).
+
+The response is sent in one message when the request completes, not a message per
+token: the env acts only on the whole response, and with ~5-token answers at hundreds
+of requests/s the per-token messages and event-loop wake-ups were a large part of the
+server process's time under the GIL.
 """
 
 from __future__ import annotations
@@ -27,10 +33,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import queue
 import threading
 from concurrent import futures
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import grpc
 import ml_collections
@@ -41,94 +46,23 @@ from rollx.errors import ConfigError
 from rollx.models import hf
 from rollx.parallel import mesh as mesh_lib
 from rollx.serving import (BEHAVIOUR_LOGP_KEY, PREFILL_VERSION_KEY, REQUEST_ID_KEY,
-                           SAMPLING_KEY, SAMPLING_PARAMS_KEY, TRAJECTORY_KEY, VERSIONS_KEY,
-                           compat)
+                           SAMPLING_KEY, SAMPLING_PARAMS_KEY, TRAJECTORY_KEY, VERSIONS_KEY)
+from rollx.serving.batching import GenerateLoop, GenerateLoopDied, Request
 from rollx.serving.engine import RollxEngine, Sampling
-
-compat.apply()
-from jetstream.core import orchestrator  # noqa: E402
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # noqa: E402
 
-# JetStream prepends BOS unless the request names a session cache; rollx prompts
-# are complete token sequences, so every request is marked this way.
-_NO_BOS = "rollx:no-bos"
 
-
-@dataclasses.dataclass
-class RollxRequest(orchestrator.ActiveRequest):
-  """An ActiveRequest that carries its sampling mode; the engine records on it the step
-  and the weights version that prefilled it.
-
-  JetStream's engine API passes `insert` only the prefill result, so the request
-  attaches itself to its Prefix when the prefill thread stores it here.
-  """
-  request_id: str = ""
-  sampling: Optional[Sampling] = None
-  prefill_version: Optional[int] = None
-  first_step: Optional[int] = None  # the engine's generate step that makes its first token
-  slot: Optional[int] = None  # the decode slot that generates it
-  trajectory_id: str = ""  # the conversation it continues ("": none)
-  mode: str = ""  # its sampling mode (a key of the engine's `sampling`)
-  aborted: bool = False
-
-  def __setattr__(self, name, value):
-    if name == "prefill_result" and value is not None and hasattr(value, "request"):
-      value.request = self
-    object.__setattr__(self, name, value)
-
-
-class ResponseChannel:
-  """A request's return channel: what JetStream's detokenize thread writes each step's
-  samples to (the part of 0.2.2's `AsyncMultifuture` its threads use: add_result,
-  close; Decode registers cancel), delivered to the Decode coroutine once, when the
-  request completes.
-
-  0.2.2's channel wakes the server's event loop for every token (a cross-thread call
-  per add_result) and its Decode sends a gRPC message per token. The env acts only on
-  the whole response, so rollx buffers the steps and sends one message: with ~5-token
-  answers at a few hundred requests/s, the per-token wake-ups and messages were a
-  large part of the server process's time under the GIL.
-  """
-
-  def __init__(self) -> None:
-    self._loop = asyncio.get_running_loop()
-    self._steps: list = []  # per generate step: [ReturnSample]
-    self._finished = self._loop.create_future()
-
-  # -- the detokenize thread's side --------------------------------------------------
-  def add_result(self, samples) -> None:
-    self._steps.append(samples)  # list.append is atomic; read only after close()
-
-  def close(self) -> None:
-    self._finish(None)
-
-  # -- the gRPC side -------------------------------------------------------------------
-  def cancel(self, unused=None) -> None:
-    """The RPC ended (add_done_callback: also after a normal finish, then a no-op)."""
-    del unused
-    self._finish(asyncio.CancelledError())
-
-  async def token_ids(self) -> list:
-    """Every generated id, in order, once the request is complete."""
-    await self._finished
-    return [t for samples in self._steps for t in samples[0].token_ids]
-
-  def _finish(self, error) -> None:
-    def resolve():
-      if self._finished.done():
-        return
-      if error is None:
-        self._finished.set_result(None)
-      else:
-        self._finished.set_exception(error)
-    self._loop.call_soon_threadsafe(resolve)
+def _resolve(ended: Sequence[Request]) -> None:
+  """On the server's event loop: wakes the Decode coroutines of requests that ended."""
+  for r in ended:
+    if not r.handle.done():  # a cancelled RPC's future may be done already
+      r.handle.set_result(None)
 
 
 class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
 
-  def __init__(self, driver: orchestrator.Driver, engine: RollxEngine):
-    self._driver, self._engine = driver, engine
-    self.in_flight: Dict[int, RollxRequest] = {}
+  def __init__(self, engine: RollxEngine, generate: GenerateLoop):
+    self._engine, self._generate = engine, generate
 
   def _check(self, request) -> Optional[str]:
     """Why `request` cannot be served, or None."""
@@ -165,81 +99,50 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
                                        metadata.get(SAMPLING_PARAMS_KEY))
     if problem is not None:
       await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-    channel = ResponseChannel()
-    context.add_done_callback(channel.cancel)
-    active = RollxRequest(
-        max_tokens=request.max_tokens, return_channel=channel, history_path=_NO_BOS,
-        # An ndarray, not the list 0.2.2's own Decode passes: its pad_tokens reads
-        # `.shape`, so a list of token ids kills the prefill thread.
-        prefill_content=np.asarray(request.token_content.token_ids, np.int32),
-        is_client_side_tokenization=True, request_id=metadata.get(REQUEST_ID_KEY, ""),
-        sampling=sampling, trajectory_id=metadata.get(TRAJECTORY_KEY, ""),
-        mode=mode)
+    request = Request(
+        prompt=np.asarray(request.token_content.token_ids, np.int32),
+        max_tokens=request.max_tokens, sampling=sampling,
+        request_id=metadata.get(REQUEST_ID_KEY, ""),
+        trajectory_id=metadata.get(TRAJECTORY_KEY, ""), mode=mode,
+        handle=asyncio.get_running_loop().create_future())
+    context.add_done_callback(lambda unused: self._generate.cancel(request))
     try:
-      self._driver.place_request_on_prefill_queue(active)
-    except queue.Full:
-      await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "prefill queue full; retry")
-    self.in_flight[id(active)] = active
-    try:
-      ids = await channel.token_ids()
-    finally:
-      self.in_flight.pop(id(active), None)
-    if not active.aborted:  # before the response: the next turn may continue from it
-      self._engine.finish(active, ids)
-    num_tokens = len(ids)
-    if ids:
-      yield jetstream_pb2.DecodeResponse(
-          stream_content=jetstream_pb2.DecodeResponse.StreamContent(
-              samples=[jetstream_pb2.DecodeResponse.StreamContent.Sample(token_ids=ids)]))
-    versions = self._engine.versions_of(active.first_step, num_tokens)
-    try:
-      logp = self._engine.behaviour_logp_of(active.slot, active.first_step, num_tokens)
-    except LookupError as e:  # far behind the generate loop: the client resubmits
-      logging.error("request %s: %s", active.request_id, e)
-      await context.abort(grpc.StatusCode.ABORTED, f"behaviour log-probs lost: {e}")
-    context.set_trailing_metadata((
-        (VERSIONS_KEY, ",".join(map(str, versions))),
-        (PREFILL_VERSION_KEY, str(active.prefill_version)),
-        (BEHAVIOUR_LOGP_KEY, logp.astype("<f4").tobytes()),
-    ))
-    if active.aborted:
+      self._generate.submit(request)
+    except GenerateLoopDied as e:
+      await context.abort(grpc.StatusCode.UNAVAILABLE, f"the generate loop died: {e}")
+    await request.handle
+    if request.error is not None:  # UNAVAILABLE: the client tries another server
+      await context.abort(grpc.StatusCode.UNAVAILABLE, f"the generate loop died: {request.error}")
+    if request.aborted:
       await context.abort(grpc.StatusCode.ABORTED,
                           "weights were updated while this request ran; resubmit it")
+    if request.token_ids:
+      yield jetstream_pb2.DecodeResponse(
+          stream_content=jetstream_pb2.DecodeResponse.StreamContent(
+              samples=[jetstream_pb2.DecodeResponse.StreamContent.Sample(
+                  token_ids=request.token_ids)]))
+    context.set_trailing_metadata((
+        (VERSIONS_KEY, ",".join(map(str, request.token_versions))),
+        (PREFILL_VERSION_KEY, str(request.prefill_version)),
+        (BEHAVIOUR_LOGP_KEY, np.asarray(request.behaviour_logp, "<f4").tobytes()),
+    ))
 
   async def HealthCheck(self, request, context):
-    return jetstream_pb2.HealthCheckResponse(
-        is_live=bool(self._driver.live and not compat.DEAD_THREADS))
-
-  def abort_in_flight(self) -> int:
-    """Ends every running request at its next generate step (max_tokens -> 0)."""
-    requests = list(self.in_flight.values())
-    for r in requests:
-      r.aborted = True
-      r.max_tokens = 0
-    return len(requests)
+    return jetstream_pb2.HealthCheckResponse(is_live=self._generate.alive)
 
 
 class RolloutServer:
-  """JetStream Driver (interleaved: one engine prefills and generates) + gRPC service."""
+  """rollx's generate loop over one engine (prefill and generate on the same devices)
+  + JetStream's gRPC service."""
 
   def __init__(self, engine: RollxEngine, host: str = "127.0.0.1", port: int = 0,
                threads: int = 64, detokenize_depth: int = 1):
     self.engine = engine
-    self.driver = orchestrator.Driver(
-        prefill_engines=[engine], generate_engines=[engine],
-        prefill_params=[engine.params_holder], generate_params=[engine.params_holder],
-        interleaved_mode=True)
-    # JetStream lets generate run 8 steps ahead of detokenize; a FrozenLake rollout
-    # (~5-token answers, each turn waited on by its env) then spent ~2x the generate steps
-    # per turn. One step ahead still overlaps dispatch with the previous step's tokens
-    # (bench/serve.py --workload rollout compares depths).
-    compat.set_detokenize_depth(self.driver, detokenize_depth)
-    # a finished turn's slot keeps its keys/values for the trajectory's next turn
-    compat.reuse_slots_least_recent_first(self.driver, engine.slot_was_used, engine.slot_for)
-    self.servicer = RollxOrchestrator(self.driver, engine)
     self._executor = futures.ThreadPoolExecutor(max_workers=threads)
     self._loop = asyncio.new_event_loop()
     self._loop.set_default_executor(self._executor)
+    self.generate_loop = GenerateLoop(engine, self._deliver, depth=detokenize_depth)
+    self.servicer = RollxOrchestrator(engine, self.generate_loop)
     self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                     name="rollx-grpc")
     self._thread.start()
@@ -256,6 +159,10 @@ class RolloutServer:
     self._server, self.port = asyncio.run_coroutine_threadsafe(start(), self._loop).result()
     self.host = host
     logging.info("rollx rollout server on %s", self.address)
+
+  def _deliver(self, ended: Sequence[Request]) -> None:
+    """The generate loop's thread: one wake-up of the event loop per step, not per request."""
+    self._loop.call_soon_threadsafe(_resolve, list(ended))
 
   @property
   def address(self) -> str:
@@ -277,11 +184,11 @@ class RolloutServer:
   def update_params(self, params, version: int, abort_in_flight: bool = False) -> int:
     """New weights for the next generate step; returns how many requests were aborted."""
     self.engine.update_params(params, version)
-    return self.servicer.abort_in_flight() if abort_in_flight else 0
+    return self.generate_loop.abort_all() if abort_in_flight else 0
 
   def stop(self) -> None:
     asyncio.run_coroutine_threadsafe(self._server.stop(grace=1), self._loop).result()
-    self.driver.stop()
+    self.generate_loop.stop()
     self._loop.call_soon_threadsafe(self._loop.stop)
     self._thread.join(timeout=5)
 

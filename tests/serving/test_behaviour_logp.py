@@ -1,5 +1,5 @@
-"""The servers' behaviour log-probs against the trainer's: a real JetStream server (Driver,
-gRPC), the rollout client, the trainer's log-prob pass and the rollout correction.
+"""The servers' behaviour log-probs against the trainer's: a real rollout server (generate
+loop, gRPC), the rollout client, the trainer's log-prob pass and the rollout correction.
 
 The shipped default model (its trained weights give the logit scales of a real run),
 fp32 on both sides, the same weights, sync: per token, the log-prob the server sampled

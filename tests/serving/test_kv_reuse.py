@@ -2,7 +2,7 @@
 
 The model (the shipped default): a continuation prefilled onto cached keys/values gives
 the logits and keys/values of a full prefill of the same ids (fp32, 1e-5), across
-prompt buckets and attention blocks. The server (real JetStream Driver, gRPC): multi-turn conversations
+prompt buckets and attention blocks. The server (real generate loop, gRPC): multi-turn conversations
 answer exactly what a full decode of the whole conversation gives, reusing every
 earlier turn's keys/values; a diverging prefix, a weight update and a slot taken by
 another request each fall back to a full prefill and stay exact.
@@ -93,6 +93,28 @@ def test_multi_turn_conversations_reuse_every_earlier_turn_and_stay_exact():
   assert stats["reused_tokens"] == reusable
   assert stats["prefilled_tokens"] + stats["reused_tokens"] == sum(
       len(p) for turns in runs for p, _ in turns)
+
+
+def test_as_many_conversations_as_slots_keep_every_cache():
+  """8 conversations on 8 slots, their turns arriving together: each turn takes the slot
+  that holds its conversation, so every turn after the first reuses all of the last one."""
+  srv = serve(slots=8)
+  try:
+    async def go():
+      client = RolloutClient([srv.address])
+      rng = np.random.default_rng(1)
+      runs = await asyncio.gather(*[conversation(client, f"c{i}", rng.integers(0, 96, 7 + i), 4,
+                                                 rng=np.random.default_rng(10 + i))
+                                    for i in range(8)])
+      await client.close()
+      return runs
+    runs = asyncio.run(go())
+    stats = srv.stats()
+  finally:
+    srv.stop()
+  first_turns = sum(len(turns[0][0]) for turns in runs)
+  new_ids = 3 * 3 * 8  # 3 later turns x 3 new ids x 8 conversations
+  assert stats["prefilled_tokens"] == first_turns + new_ids
 
 
 def test_a_diverging_prefix_a_weight_update_and_a_reused_slot_fall_back_exactly():

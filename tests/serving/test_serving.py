@@ -1,4 +1,4 @@
-"""The JetStream rollout server: real Driver, real gRPC, real processes and Ray actors."""
+"""The rollout server: rollx's generate loop, JetStream's gRPC protocol, real processes and Ray actors."""
 
 import asyncio
 import signal
@@ -16,9 +16,9 @@ import pytest
 
 from rollx import config as config_lib
 from rollx.models import llm
-from rollx.serving import compat
 from rollx.serving.client import InvalidRequestError, NoServerAliveError, RolloutClient
 from rollx.serving.engine import RollxEngine, Sampling, sample_tokens
+from rollx.serving.batching import GenerateLoop
 from rollx.serving.server import RolloutServer
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 from tests.conftest import ROOT
@@ -139,7 +139,7 @@ def test_abort_in_flight_at_weight_sync(server, monkeypatch):
   def generating():
     """The request in flight has made at least one token (the server sends the
     response in one message at the end, so the stream cannot tell)."""
-    live = list(server.servicer.in_flight.values())
+    live = server.generate_loop.requests()
     return (len(live) == 1 and live[0].first_step is not None
             and server.engine.num_steps > live[0].first_step)
 
@@ -194,7 +194,7 @@ def test_malformed_requests_get_invalid_argument_and_server_keeps_serving(
   with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
     run(RolloutClient([server.address]).generate("bad", [999], 4))
   assert len(run(RolloutClient([server.address]).generate("ok", [1, 2, 3], 4)).token_ids) == 4
-  assert not compat.DEAD_THREADS
+  assert server.generate_loop.alive
 
 
 def test_plain_jetstream_stub_gets_token_ids(server):
@@ -206,20 +206,86 @@ def test_plain_jetstream_stub_gets_token_ids(server):
   assert stub.HealthCheck(jetstream_pb2.HealthCheckRequest()).is_live
 
 
-def test_generate_runs_at_most_one_step_ahead_of_the_answers(server):
-  """detokenize_depth 1 (compat fix 5): after a lone request's last token the generate
-  thread runs at most 3 more steps before the slot is free again (measured: 9 steps
-  for 6 tokens at depth 1, 16 at JetStream's 8): an agentic turn's latency."""
-  backlog = server.driver._detokenize_backlogs[0]  # pylint: disable=protected-access
-  assert backlog.maxsize == 1
+def test_a_request_ends_on_the_step_of_its_last_token(server):
+  """The loop reads a step's tokens while the next step runs (depth 1) and ends a request
+  at its last token: a lone 6-token request costs 6 + 1 generate steps (JetStream 0.2.2's
+  orchestrator took 9 at its narrowest backlog, 16 at its default): an agentic turn's
+  latency."""
+  assert server.generate_loop.depth == 1
+  deadline = time.time() + 30
+  while server.generate_loop.requests() and time.time() < deadline:  # earlier tests' requests
+    time.sleep(0.01)
   for i in range(5):
     before = server.engine.num_steps
     gen = run(RolloutClient([server.address]).generate(f"d{i}", [5, 6, 7], 6))
-    time.sleep(0.05)  # the generate thread has blocked on the empty slots by now
     assert len(gen.token_ids) == 6
-    assert server.engine.num_steps - before <= 6 + 3
-  with pytest.raises(ValueError, match="detokenize depth"):
-    compat.set_detokenize_depth(server.driver, 0)
+    assert server.engine.num_steps - before == 6 + 1
+  with pytest.raises(ValueError, match="depth"):
+    GenerateLoop(server.engine, lambda ended: None, depth=-1)
+
+
+def test_depth_0_reads_every_step_before_the_next():
+  engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=4, max_prefill_length=16,
+                       max_cache_length=64, sampling={"train": Sampling(0.0), "val": Sampling(0.0)})
+  srv = RolloutServer(engine, detokenize_depth=0)
+  try:
+    gen = run(RolloutClient([srv.address]).generate("z", [3, 1, 4, 1, 5], 6))
+  finally:
+    srv.stop()
+  assert gen.token_ids == llm.greedy_generate(MODEL, make_params(0), [3, 1, 4, 1, 5], 6)
+  assert engine.num_steps == 6
+
+
+def test_a_cancelled_request_frees_its_slot():
+  engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=1, max_prefill_length=16,
+                       max_cache_length=1024)
+  srv = RolloutServer(engine)
+  try:
+    async def go():
+      client = RolloutClient([srv.address])
+      long = asyncio.ensure_future(client.generate("long", [1, 2, 3], 1000))
+      while engine.num_steps < 3:
+        await asyncio.sleep(0.001)
+      long.cancel()  # the RPC ends: the server frees the one slot at its next step
+      short = await asyncio.wait_for(client.generate("short", [4, 5], 4), 60)
+      await client.close()
+      return short
+    assert len(run(go()).token_ids) == 4
+    deadline = time.time() + 10
+    while srv.generate_loop.requests() and time.time() < deadline:
+      time.sleep(0.01)
+    assert not srv.generate_loop.requests() and engine.num_steps < 500
+  finally:
+    srv.stop()
+
+
+def test_a_generate_loop_that_dies_fails_its_requests_and_health(monkeypatch):
+  """A crash in the loop ends its requests with UNAVAILABLE (clients fail over to
+  another server) and HealthCheck says not live, instead of requests waiting forever."""
+  engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=4, max_prefill_length=16,
+                       max_cache_length=64)
+  real = engine.generate
+
+  def failing(params, state):
+    if engine.num_steps >= 2:
+      raise RuntimeError("device lost")
+    return real(params, state)
+
+  monkeypatch.setattr(engine, "generate", failing)
+  srv = RolloutServer(engine)
+  stub = jetstream_pb2_grpc.OrchestratorStub(grpc.insecure_channel(srv.address))
+  try:
+    request = jetstream_pb2.DecodeRequest(
+        token_content=jetstream_pb2.DecodeRequest.TokenContent(token_ids=[1, 2, 3]), max_tokens=8)
+    with pytest.raises(grpc.RpcError) as e:
+      list(stub.Decode(request, timeout=60))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "device lost" in e.value.details()
+    assert not stub.HealthCheck(jetstream_pb2.HealthCheckRequest()).is_live
+    with pytest.raises(grpc.RpcError) as e:  # and a new request is refused at once
+      list(stub.Decode(request, timeout=60))
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+  finally:
+    srv.stop()
 
 
 def test_stop_token_is_returned_and_ends_the_request():
@@ -369,111 +435,6 @@ def test_ray_actor_server_and_weight_push_through_object_store():
         lambda self: hostmem.server_malloc_in_use())) == hostmem.server_malloc_allowed()
   finally:
     ray.shutdown()
-
-
-COMPAT_PROBE = r"""
-import logging, os, sys, threading
-import jax
-shim = sys.argv[1] == "shim"
-root_level = logging.getLogger().level
-if shim:
-  from rollx.serving import compat
-  compat.apply()
-from jetstream.core import orchestrator
-print("root_changed", logging.getLogger().level != root_level)
-orchestrator.delete_pytree({"a": jax.numpy.ones(2)})  # AttributeError without the shim
-t = orchestrator.JetThread(target=lambda: 1 / 0, name="boom")
-t.start(); t.join()
-print("survived", (compat.DEAD_THREADS if shim else None))
-"""
-
-
-def test_compat_shim_is_needed_and_works():
-  def probe(mode):
-    return subprocess.run([sys.executable, "-c", COMPAT_PROBE, mode], cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
-
-  bare = probe("bare")
-  # Needed: without the shim, 0.2.2 breaks on current JAX and floods the root logger.
-  assert "root_changed True" in bare.stdout
-  assert "AttributeError" in bare.stderr and "tree_map" in bare.stderr
-  assert "survived" not in bare.stdout
-  shimmed = probe("shim")
-  assert shimmed.returncode == 0, shimmed.stderr
-  assert "root_changed False" in shimmed.stdout
-  assert "survived [('boom', 'ZeroDivisionError: division by zero')]" in shimmed.stdout
-
-
-def test_generate_loop_survives_jetstreams_free_slot_race(monkeypatch):
-  """0.2.2's generate loop asserts a slot is busy right after the detokenize thread may
-  have freed the last one (a CI hang). The shim restarts the loop when every slot is
-  free; token versions come from the engine's step count, which the restart keeps."""
-  from jetstream.core import orchestrator
-  real_loop = orchestrator.Driver._generate_thread
-  calls = []
-
-  def racy_loop(driver, idx):
-    calls.append(idx)
-    if len(calls) == 1:
-      engine = driver._generate_engines[idx]
-      state = engine.init_decode_state()
-      for _ in range(3):  # the engine has made steps the restarted loop never counts
-        state, _ = engine.generate(driver._generate_params[idx], state)
-      raise AssertionError(compat.SLOT_RACE)
-    return real_loop(driver, idx)
-
-  monkeypatch.setattr(orchestrator.Driver, "_generate_thread", racy_loop)
-  monkeypatch.setattr(compat, "RESTARTS", [])
-  params = make_params(0)
-  prompt = [3, 1, 4, 1, 5]
-  engine = RollxEngine(MODEL, params, max_concurrent_decodes=4, max_prefill_length=16,
-                       max_cache_length=64)
-  srv = RolloutServer(engine)
-  try:
-    client = RolloutClient([srv.address])
-    srv.update_params(jax.tree.map(lambda x: x + np.float32(0.01), params), 7)
-    # without the restart the loop stays dead: fail in 60 s, do not hang the suite
-    gen = run(asyncio.wait_for(client.generate("r", prompt, 6, mode="val"), 60))
-  finally:
-    srv.stop()
-  assert calls == [0, 0] and compat.RESTARTS == ["generate-0"]
-  assert not compat.DEAD_THREADS
-  assert len(gen.token_ids) == 6
-  # with the loop's own counter (0 after the restart) these would read version 0
-  assert gen.token_versions == [7] * 6 and engine.num_steps >= 3 + 5
-
-
-def test_slot_race_with_a_live_request_is_not_restarted():
-  import functools
-  import queue
-
-  class FakeDriver:
-    def __init__(self, free):
-      self._generate_slots = [queue.Queue()]
-      for i in range(free):
-        self._generate_slots[0].put(i)
-      self._generate_engines = [type("E", (), {"max_concurrent_decodes": 2})()]
-      self.target = functools.partial(self._generate_thread, 0)
-      self._generate_threads = [threading.Thread(target=self.target)]
-
-    def _generate_thread(self, idx):
-      raise AssertionError(compat.SLOT_RACE)
-
-  idle, busy = FakeDriver(2), FakeDriver(1)
-  assert compat._all_slots_free(idle._generate_threads[0], idle.target)
-  assert not compat._all_slots_free(busy._generate_threads[0], busy.target)  # a request is live
-  assert not compat._all_slots_free(threading.Thread(), idle.target)  # not a generate thread
-  assert not compat._all_slots_free(threading.Thread(), lambda: None)
-
-
-def test_jetthread_without_shim_kills_the_process():
-  code = ("import jax; jax.tree_map = jax.tree.map\n"
-          "from jetstream.core import orchestrator\n"
-          "t = orchestrator.JetThread(target=lambda: 1 / 0); t.start(); t.join()\n"
-          "print('alive')")
-  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=180)
-  assert result.returncode == -signal.SIGKILL and "alive" not in result.stdout
 
 
 def test_sticky_routing_is_bounded(monkeypatch):
