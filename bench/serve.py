@@ -32,6 +32,12 @@ sends the whole conversation so far. The same workload runs on two fresh servers
 this process, KV reuse across turns on and off (`reuse_kv`), for a FrozenLake shape
 (128-token start, 40 tokens a turn) and a Sokoban one (200, 90): prefill tokens per
 turn, generated tokens/s, wall time, and the ratio of the times (off / on).
+
+`--workload store` is the same FrozenLake-shaped conversations, twice as many as the
+server has slots (`--chains 64 --slots 32`), each env step taking `--env-ms` (20) before
+the next turn: KV reuse with the prefix store (`prefix_cache_tokens`, room for every
+conversation) vs the slots alone, on two fresh servers in this process: prefill tokens
+per turn, generated tokens/s and the ratio of the times (slots alone / store).
 """
 
 import argparse
@@ -60,7 +66,9 @@ def main():
   p.add_argument("--requests", type=int, default=256)
   p.add_argument("--max-new-tokens", type=int, default=32)
   p.add_argument("--slots", type=int, default=64)
-  p.add_argument("--workload", choices=("decode", "rollout", "multiturn"), default="decode")
+  p.add_argument("--workload", choices=("decode", "rollout", "multiturn", "store"),
+                 default="decode")
+  p.add_argument("--env-ms", type=float, default=20.0, help="store: an env step's time")
   p.add_argument("--chains", type=int, default=None, help="default 128 (rollout), 64 (multiturn)")
   p.add_argument("--turns", type=int, default=None, help="default 5 (rollout), 10 (multiturn)")
   p.add_argument("--depths", default=None,
@@ -71,12 +79,14 @@ def main():
   args = p.parse_args()
   if args.quick:
     args.workload, args.chains, args.turns, args.slots, args.depths = "rollout", 16, 2, 16, "1"
-  multi = args.workload == "multiturn"
+  multi = args.workload in ("multiturn", "store")
   args.chains = args.chains or (64 if multi else 128)
   args.turns = args.turns or (10 if multi else 5)
   loaded = models.load_model(args.pretrain)
   if args.workload == "multiturn":
     return multiturn(loaded, args)
+  if args.workload == "store":
+    return store(loaded, args)
   rng = np.random.default_rng(0)
   vocab = loaded.config.vocab_size
   if args.workload == "rollout":
@@ -245,6 +255,60 @@ def multiturn(loaded, args):
   print(f"peak RSS of this process: {peak_rss_gib():.2f} GiB (model, servers and client)")
   print(f"KV reuse across turns on vs off, {', '.join(n for n, _, _ in SHAPES)}: "
         f"ratio {min(ratios):.2f}x (the smaller)")
+
+
+def store(loaded, args):
+  """KV reuse with the prefix store vs the slots alone (see the module doc)."""
+  n_new, turns, chains_n = 5, args.turns, args.chains
+  slots = args.slots if args.slots < chains_n else chains_n // 2
+  name, first, per_turn = SHAPES[0]
+  rng = np.random.default_rng(0)
+  vocab = loaded.config.vocab_size
+  starts = [rng.integers(3, vocab, first).tolist() for _ in range(chains_n)]
+  observations = [[rng.integers(3, vocab, per_turn).tolist() for _ in range(turns)]
+                  for _ in range(chains_n)]
+  longest = first + turns * (per_turn + n_new)
+  bucket = PREFILL_BUCKETS[np.searchsorted(PREFILL_BUCKETS, longest)]
+
+  def run(store_tokens):
+    engine = RollxEngine(loaded.model, loaded.params, max_concurrent_decodes=slots,
+                         max_prefill_length=bucket, max_cache_length=bucket + n_new,
+                         sampling={"train": Sampling(0.0), "val": Sampling(0.0)},
+                         prefix_cache_tokens=store_tokens)
+    engine.warmup([b for b in PREFILL_BUCKETS if b <= bucket])  # compiles are not timed
+    server = RolloutServer(engine)
+
+    async def chain(client, i):
+      ids, made = list(starts[i]), 0
+      for t in range(turns):
+        gen = await client.generate(f"c{i}t{t}", ids, n_new, trajectory_id=f"c{i}")
+        made += len(gen.token_ids)
+        ids += gen.token_ids + observations[i][t]
+        await asyncio.sleep(args.env_ms / 1e3)  # the env's step
+      await client.end_trajectory(f"c{i}")
+      return made
+
+    async def all_chains():
+      client = RolloutClient([server.address])
+      made = await asyncio.gather(*(chain(client, i) for i in range(chains_n)))
+      await client.close()
+      return sum(made)
+
+    start = time.perf_counter()
+    made = asyncio.run(all_chains())
+    seconds = time.perf_counter() - start
+    stats = server.stats()
+    server.stop()
+    return seconds, stats["prefilled_tokens"] / (chains_n * turns), made
+
+  alone, alone_prefill, made = run(0)
+  kept, kept_prefill, _ = run(chains_n * (bucket + n_new))
+  device = jax.devices()[0]
+  print(f"{device.device_kind}: {name} conversations, {chains_n} x {turns} turns on {slots} "
+        f"slots, env steps of {args.env_ms:.0f} ms: prefill tokens per turn {alone_prefill:.0f} "
+        f"-> {kept_prefill:.0f}, {made / alone:.0f} -> {made / kept:.0f} generated tok/s, "
+        f"{alone:.1f} s -> {kept:.1f} s per batch")
+  print(f"prefix store vs the slots alone: ratio {alone / kept:.2f}x")
 
 
 if __name__ == "__main__":

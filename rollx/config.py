@@ -47,7 +47,7 @@ ROLE_STRATEGIES = {"actor_train": "jax", "actor_infer": "jetstream", "reference"
                    "critic": "jax"}
 _SERVER_KEYS = ("max_concurrent_decodes", "max_prefill_length", "max_cache_length",
                 "num_servers", "detokenize_depth", "max_restarts", "restart_timeout_s",
-                "reuse_kv", "keep_prefix_across_updates")
+                "reuse_kv", "keep_prefix_across_updates", "prefix_cache_tokens")
 # Keys of a role's block that the role never reads: setting one to anything but its
 # default is an error naming the key (a setting that silently did nothing would mislead).
 INERT_KEYS = {
@@ -134,6 +134,11 @@ def _worker(role: str, *, learning_rate: float, **extra) -> ml_collections.Confi
           # prefill on the steps it acted, but |delta log-prob| 3e-4..1.8e-3 (vs 1e-7 off)
           # on tokens the trainer takes as on-policy; off until a run shows it pays
           keep_prefix_across_updates=False,
+          # Tokens of finished turns' keys/values a server keeps beside its slots (blocks
+          # of 64, least recently used conversation evicted first): a conversation whose
+          # slot was given to another request continues from there. 0: the slots alone
+          # keep them, so a run needs a slot per conversation in flight for full reuse.
+          prefix_cache_tokens=0,
           # A server that dies is restarted by Ray (this many times per server; -1 = no
           # limit) and gets the current weights before it serves; requests wait up to
           # restart_timeout_s for one to come back when none is alive.
@@ -517,9 +522,9 @@ def _workers(c: _Checker, cfg):
     for key in ("num_microbatches", "max_concurrent_decodes", "num_servers"):
       if _is_int(s[key]):
         c.rule(s[key] >= 1, f"{role}.strategy_args.{key}", f"must be >= 1, got {s[key]}")
-    if _is_int(s.detokenize_depth):
-      c.rule(s.detokenize_depth >= 0, f"{role}.strategy_args.detokenize_depth",
-             f"must be >= 0, got {s.detokenize_depth}")
+    for key in ("detokenize_depth", "prefix_cache_tokens"):
+      if _is_int(s[key]):
+        c.rule(s[key] >= 0, f"{role}.strategy_args.{key}", f"must be >= 0, got {s[key]}")
     if _is_int(s.max_restarts):
       c.rule(s.max_restarts >= -1, f"{role}.strategy_args.max_restarts",
              f"must be >= 0 or -1 (no limit), got {s.max_restarts}")

@@ -1,11 +1,25 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 # Sharding is tested on 8 simulated CPU devices; this must precede any jax import.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
+
+# One XLA compilation cache for the whole session, this process and the ones it starts
+# (servers, env workers, `rollx.train` runs): the many engines and trainers the tests build
+# compile the same programs again and again (jit caches live with each function object).
+# Fresh per session, so no run depends on what an earlier one left.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _CACHE = tempfile.mkdtemp(prefix="rollx-test-xla-cache-")
+  atexit.register(shutil.rmtree, _CACHE, True)
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=_CACHE,
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:

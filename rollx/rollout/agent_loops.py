@@ -71,7 +71,7 @@ class ToolAgentLoop(EnvManager):
     env = self.env
     obs, _ = env.reset(seed=ticket.seed)
     frames = [env.render("rgb_array")] if self.render else []
-    traj_key = f"{self.tag}/g{ticket.group_id}/n{ticket.generation}/e{self.env_id}"
+    traj_key = self.trajectory_key(ticket)
     messages: List[Dict[str, Any]] = self._system + [
         {"role": "user", "content": self.builder.turn_text(obs, 1, env.actions_left)}]
     talk = self.chat.conversation(messages)
@@ -227,6 +227,10 @@ class ProgramAgentLoop(EnvManager):
     self.toolset = entry_toolset(self.entry)
     self.endpoint = endpoint
 
+  def trajectory_key(self, ticket: Ticket) -> str:
+    """The episode's id: also a path segment of its endpoint URL, so no slashes."""
+    return f"{self.tag}-g{ticket.group_id}-n{ticket.generation}-e{self.env_id}"
+
   async def _endpoint(self):
     if self.endpoint is None:
       from rollx.serving.openai_endpoint import OpenAIEndpoint
@@ -239,7 +243,7 @@ class ProgramAgentLoop(EnvManager):
     env = self.env
     obs, _ = env.reset(seed=ticket.seed)
     frames = [env.render("rgb_array")] if self.render else []
-    episode_id = f"{self.tag}-g{ticket.group_id}-n{ticket.generation}-e{self.env_id}"
+    episode_id = self.trajectory_key(ticket)
     rec = endpoint.open_episode(episode_id, EpisodeSettings(
         mode=self.mode, sequence_length=self.sequence_length,
         max_prompt_length=self.max_prompt_length, default_max_tokens=self.max_tokens,

@@ -58,12 +58,16 @@ class EnvManager:
                mode: str = "train", sequence_length: int = 1024,
                max_prompt_length: Optional[int] = None, step_wise: bool = False,
                history_length: int = 2, render: bool = False, on_turn=None,
-               symmetric_views: Sequence[str] = (), max_new_tokens: Optional[int] = None):
+               symmetric_views: Sequence[str] = (), max_new_tokens: Optional[int] = None,
+               end_trajectory: Optional[Callable[[str], Awaitable[None]]] = None):
     self.env_id, self.tag, self.entry = env_id, tag, entry
     self.env_type = entry["env_type"]
     self.env_config = dict(entry["env_config"])
     self.env = envs.make_env(self.env_type, self.env_config)
     self.tokenizer, self.generate, self.mode = tokenizer, generate, mode
+    # told when an episode ends, so the server can drop its cached keys/values
+    # (RolloutClient.end_trajectory)
+    self.end_trajectory = end_trajectory
     # a turn's cap: the env's max_tokens_per_step, and the sampling's max_new_tokens
     self.max_tokens = min(int(entry["max_tokens_per_step"]), int(max_new_tokens or 1 << 30))
     self.sequence_length = int(sequence_length)
@@ -88,7 +92,11 @@ class EnvManager:
       if ticket is None:
         return
       try:
-        trajectory = await self.run_episode(ticket)
+        try:
+          trajectory = await self.run_episode(ticket)
+        finally:
+          if self.end_trajectory is not None:
+            await self.end_trajectory(self.trajectory_key(ticket))
       except asyncio.CancelledError:
         raise
       except Exception as e:  # noqa: BLE001 - env code is user code; never crash the loop
@@ -105,6 +113,10 @@ class EnvManager:
       await scheduler.put(trajectory)
 
   # -- one episode ---------------------------------------------------------------------
+  def trajectory_key(self, ticket: Ticket) -> str:
+    """The id the servers know the episode's conversation by (sticky routing, KV reuse)."""
+    return f"{self.tag}/g{ticket.group_id}/n{ticket.generation}/e{self.env_id}"
+
   def _request_id(self, ticket: Ticket, turn: int) -> str:
     return f"{self.tag}/g{ticket.group_id}/n{ticket.generation}/e{self.env_id}/t{turn}"
 
@@ -112,7 +124,7 @@ class EnvManager:
     env, b = self.env, self.builder
     obs, _ = env.reset(seed=ticket.seed)
     frames = [env.render("rgb_array")] if self.render else []
-    traj_key = f"{self.tag}/g{ticket.group_id}/n{ticket.generation}/e{self.env_id}"
+    traj_key = self.trajectory_key(ticket)
     ids: List[int] = []
     mask: List[int] = []
     versions: List[int] = []

@@ -54,7 +54,8 @@ class EnvWorker:
                                           model_name=models.model_name(config.pretrain))
     self.managers = [
         make_agent_loop(i, layout[i].tag, config.custom_envs[layout[i].tag].to_dict(), tokenizer,
-                        self.client.generate, render=i in set(render_env_ids), **kwargs)
+                        self.client.generate, render=i in set(render_env_ids),
+                        end_trajectory=self.client.end_trajectory, **kwargs)
         for i in env_ids]
     self._tasks: List[asyncio.Task] = []
 

@@ -19,5 +19,9 @@ PREFILL_VERSION_KEY = "rollx-prefill-version"  # trailing: version that prefille
 # token, bit-exact (text would round them)
 BEHAVIOUR_LOGP_KEY = "rollx-behaviour-logp-bin"
 
+# rollx's one RPC beside JetStream's service: the trajectory (utf-8 bytes) ended, its cached
+# keys/values may go (raw bytes both ways: no proto needed)
+END_TRAJECTORY_METHOD = "/rollx.Rollout/EndTrajectory"
+
 # Prompt lengths a server pads to (JetStream's padding buckets): powers of two.
 PREFILL_BUCKETS = tuple(2**i for i in range(4, 16))

@@ -85,6 +85,7 @@ class _LeastRecentSlots:
     self._heap = [(i, i) for i in range(n)]
     self._free = set(range(n))
     self._clock = n
+    self._first = 0  # ranks below every freed slot's, for `put_first`
 
   def __len__(self) -> int:
     return len(self._free)
@@ -96,6 +97,13 @@ class _LeastRecentSlots:
     self._rank[slot], self._clock = self._clock, self._clock + 1
     self._free.add(slot)
     heapq.heappush(self._heap, (self._rank[slot], slot))
+
+  def put_first(self, slot: int) -> None:
+    """A free slot whose keys/values nobody will continue: the next to be given away."""
+    if slot in self._free:
+      self._first -= 1
+      self._rank[slot] = self._first
+      heapq.heappush(self._heap, (self._first, slot))
 
   def take(self, preferred: Optional[int] = None) -> int:
     if preferred is not None and preferred in self._free:
@@ -117,6 +125,7 @@ class GenerateLoop:
       raise ValueError(f"depth (generate steps ahead of the reads) must be >= 0, got {depth}")
     self.engine, self._deliver, self.depth = engine, deliver, int(depth)
     self._incoming: "collections.deque[Request]" = collections.deque()
+    self._ended_trajectories: "collections.deque[str]" = collections.deque()
     self._waiting: List[Request] = []
     self._live: Dict[int, Request] = {}  # slot -> request
     self._free = _LeastRecentSlots(engine.max_concurrent_decodes)
@@ -151,6 +160,13 @@ class GenerateLoop:
       r.aborted = True
     self._wake.set()
     return len(requests)
+
+  def end_trajectory(self, trajectory_id: str) -> None:
+    """The trajectory ended: the engine drops its keys/values, and the slot that held them
+    is the next to be given away (processed on the loop's thread, before the next
+    admission)."""
+    self._ended_trajectories.append(trajectory_id)
+    self._wake.set()
 
   def cancel(self, request: Request) -> None:
     """Its caller went away: the loop frees its slot at the next step."""
@@ -194,7 +210,7 @@ class GenerateLoop:
         while unread:
           self._read(*unread.popleft(), ended)
         self._finish(ended)
-        if not self._live and not self._incoming:
+        if not self._live and not self._incoming and not self._ended_trajectories:
           self._wake.wait()
           self._wake.clear()
         continue
@@ -207,6 +223,10 @@ class GenerateLoop:
   def _admit(self, state, ended: List[Request]):
     """Gives waiting requests free slots: first every request whose conversation's slot
     is free takes it, then the rest, in arrival order, the slots freed longest ago."""
+    while self._ended_trajectories:
+      slot = self.engine.end_trajectory(self._ended_trajectories.popleft())
+      if slot is not None:
+        self._free.put_first(slot)
     while self._incoming:
       self._waiting.append(self._incoming.popleft())
     if not self._waiting:

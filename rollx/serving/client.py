@@ -32,8 +32,9 @@ import numpy as np
 # nothing else of JetStream.
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 
-from rollx.serving import (BEHAVIOUR_LOGP_KEY, PREFILL_VERSION_KEY, REQUEST_ID_KEY,
-                           SAMPLING_KEY, SAMPLING_PARAMS_KEY, TRAJECTORY_KEY, VERSIONS_KEY)
+from rollx.serving import (BEHAVIOUR_LOGP_KEY, END_TRAJECTORY_METHOD, PREFILL_VERSION_KEY,
+                           REQUEST_ID_KEY, SAMPLING_KEY, SAMPLING_PARAMS_KEY, TRAJECTORY_KEY,
+                           VERSIONS_KEY)
 
 MAX_STICKY = 65536  # far more than the trajectories in flight at once
 RESTART_POLL_S = 1.0  # how often a request waiting for a restart probes the dead servers
@@ -162,9 +163,18 @@ class RolloutClient:
     for t in [t for t, i in self._sticky.items() if i == idx]:
       del self._sticky[t]
 
-  def forget(self, trajectory_id: str) -> None:
-    """Drop a finished trajectory's stickiness."""
-    self._sticky.pop(trajectory_id, None)
+  async def end_trajectory(self, trajectory_id: str) -> None:
+    """The trajectory ended: its server may drop the keys/values it keeps for it, and its
+    stickiness goes. Best effort: a server that does not answer evicts them in time."""
+    idx = self._sticky.pop(trajectory_id, None)
+    if idx is None or not self._servers[idx].alive:
+      return
+    server = self._servers[idx]
+    self._stub(server)
+    try:
+      await server.channel.unary_unary(END_TRAJECTORY_METHOD)(trajectory_id.encode(), timeout=10)
+    except grpc.aio.AioRpcError:
+      pass
 
   @property
   def alive_servers(self) -> List[str]:

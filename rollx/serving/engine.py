@@ -32,7 +32,13 @@ oldest of them (so the response's policy version, and the trainer's off-policy
 correction, see the staleness), and the engine counts the stale ids it reused
 (`stale_reused_tokens`, `max_prefix_staleness`). Entries live in the slots
 themselves: the generate loop gives a request its conversation's slot when that is
-free, and otherwise the slot freed longest ago.
+free, and otherwise the slot freed longest ago. When a slot holding a finished
+conversation is given to another request, the conversation moves to the prefix store
+(`prefix_cache_tokens`: a pool of fixed-size blocks beside the slots, least recently used
+conversation evicted first; 0 = none), from where its next turn is copied back into a
+slot. So a server keeps more conversations than it has slots, and the slots (whose count
+sets the cost of every decode step) can be sized for the requests in flight alone. A
+trajectory that ended (`end_trajectory`: the env manager says so) is dropped from both.
 
 Why prefill is deferred into `generate`: the newcomers of a step are prefilled
 together, in as few calls as their buckets allow, instead of one call per request
@@ -51,6 +57,7 @@ correction compares with its own.
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import threading
 import zlib
@@ -77,6 +84,8 @@ from rollx.serving import PREFILL_BUCKETS  # noqa: E402
 # server's peak RSS from 4.5 to 3.3 GB, continuations of 1 row instead of 2 from 2.7 to
 # 1.8 GB (with compat fix 6).
 PREFILL_TOKENS = 8192
+# Tokens per block of the prefix store: a conversation takes ceil(ids / block) blocks.
+PREFIX_BLOCK = 64
 
 
 def prefill_bucket(n: int) -> int:
@@ -147,6 +156,14 @@ class _Staged:
   start: int = 0  # > 0: the keys/values of ids [0, start) are in the slot (KV reuse)
   conversation: Optional[_Conversation] = None
   cached_versions: Optional[np.ndarray] = None  # versions of the reused ids [0, start)
+  from_store: bool = False  # the reused keys/values were copied back from the prefix store
+
+
+@dataclasses.dataclass
+class _Stored:
+  """A finished conversation moved out of its slot into the prefix store's blocks."""
+  conversation: _Conversation
+  blocks: List[int]
 
 
 @jax.tree_util.register_dataclass
@@ -245,7 +262,8 @@ class RollxEngine(engine_api.Engine):
                max_cache_length: int = 1024, stop_token_ids: Sequence[int] = (),
                sampling: Optional[dict] = None, hf_tokenizer=None, pad_id: int = 0,
                mesh: Optional[Mesh] = None, seed: int = 0, prefill_batch: int = 8,
-               reuse_kv: bool = True, keep_prefix_across_updates: bool = False):
+               reuse_kv: bool = True, keep_prefix_across_updates: bool = False,
+               prefix_cache_tokens: int = 0):
     if max_prefill_length not in PREFILL_BUCKETS:
       raise ValueError(f"max_prefill_length={max_prefill_length} must be one of "
                        f"{PREFILL_BUCKETS} (JetStream's padding buckets)")
@@ -279,6 +297,13 @@ class RollxEngine(engine_api.Engine):
     self._conversations: Dict[int, _Conversation] = {}
     self._slot_of: Dict[str, int] = {}
     self._conversation_lock = threading.Lock()
+    # The prefix store: trajectory -> its blocks, least recently used first
+    self._blocks_per_slot = -(-self.max_cache_length // PREFIX_BLOCK)
+    self._num_blocks = int(prefix_cache_tokens) // PREFIX_BLOCK if self.reuse_kv else 0
+    self._store: "collections.OrderedDict[str, _Stored]" = collections.OrderedDict()
+    self._free_blocks: List[int] = list(range(self._num_blocks))
+    self.store_evictions = 0  # conversations evicted from the store for room
+    self.store_reused_tokens = 0  # reused ids copied back from the store
     self.prefilled_tokens = 0  # prompt tokens run through the model
     self.reused_tokens = 0  # prompt tokens whose keys/values were reused instead
     stop = jnp.asarray(self.stop_token_ids or (-1,), jnp.int32)
@@ -330,6 +355,30 @@ class RollxEngine(engine_api.Engine):
           temperature=at(state.temperature, temp_n), top_p=at(state.top_p, top_p_n),
           top_k=at(state.top_k, top_k_n), keys=at(state.keys, request_keys(seed_n)))
 
+    bps, block, cache_len = self._blocks_per_slot, PREFIX_BLOCK, self.max_cache_length
+
+    def store_slot(cache: llm.KVCache, pool: llm.KVCache, slot, blocks):
+      """A slot's keys/values into the store's `blocks` ([blocks per slot]; out-of-range
+      entries are padding, dropped)."""
+      def one(full, part):
+        row = full[:, slot]  # [L, K, T, hd]
+        row = jnp.pad(row, ((0, 0), (0, 0), (0, bps * block - cache_len), (0, 0)))
+        l, k, _, hd = row.shape
+        row = row.reshape(l, k, bps, block, hd).transpose(0, 2, 1, 3, 4)  # [L, bps, K, B, hd]
+        return part.at[:, blocks].set(row.astype(part.dtype), mode="drop")
+      return llm.KVCache(one(cache.k, pool.k), one(cache.v, pool.v))
+
+    def load_slot(state: SlotState, pool: llm.KVCache, slot, blocks):
+      """The store's `blocks` into `slot` (positions past the conversation get whatever
+      the padding blocks hold: never attended, since a slot attends below its position)."""
+      def one(full, part):
+        rows = part[:, jnp.minimum(blocks, part.shape[1] - 1)]  # [L, bps, K, B, hd]
+        l, _, k, _, hd = rows.shape
+        row = rows.transpose(0, 2, 1, 3, 4).reshape(l, k, bps * block, hd)[:, :, :cache_len]
+        return full.at[:, slot].set(row.astype(full.dtype))
+      return dataclasses.replace(state, cache=llm.KVCache(one(state.cache.k, pool.k),
+                                                          one(state.cache.v, pool.v)))
+
     def generate_fn(params, state: SlotState, logp_totals):
       keys = jax.vmap(jax.random.fold_in)(state.keys, state.lengths)
       tokens, logp = sample_tokens(state.logits, state.temperature, state.top_p, state.top_k, keys)
@@ -365,6 +414,14 @@ class RollxEngine(engine_api.Engine):
     self._extend = jax.jit(extend_into_slots, donate_argnums=1, out_shardings=self._replicated)
     self._move = jax.jit(move_slot, donate_argnums=0, out_shardings=self._replicated)
     self._generate = jax.jit(generate_fn, donate_argnums=1, out_shardings=self._replicated)
+    self._store_slot = jax.jit(store_slot, donate_argnums=1, out_shardings=self._replicated)
+    self._load_slot = jax.jit(load_slot, donate_argnums=0, out_shardings=self._replicated)
+    self._pool = None
+    if self._num_blocks:
+      shape = (self.config.num_layers, self._num_blocks, self.config.num_kv_heads, PREFIX_BLOCK,
+               self.config.head_dim)
+      zeros = lambda: jnp.zeros(shape, self.model.dtype)
+      self._pool = jax.device_put(llm.KVCache(zeros(), zeros()), self._replicated)
 
   # -- weights ---------------------------------------------------------------
   def _place(self, params):
@@ -408,39 +465,102 @@ class RollxEngine(engine_api.Engine):
     sampling = getattr(request, "sampling", None) or self.sampling["train"]
     if request is not None:  # the next generate step prefills it and samples its first token
       request.first_step, request.slot = self.num_steps, int(slot)
-    staged, source = self._continuation(int(slot), prefix, sampling)
-    if staged.start and source != slot:
+    staged, source, evicted, stored = self._continuation(int(slot), prefix, sampling)
+    if evicted is not None:  # the slot's previous conversation into the store first
+      self._pool = self._store_slot(decode_state.cache, self._pool, np.int32(slot),
+                                    self._block_array(evicted.blocks))
+    if stored is not None:  # this conversation back from the store
+      decode_state = self._load_slot(decode_state, self._pool, np.int32(slot),
+                                     self._block_array(stored.blocks))
+      staged.from_store = True
+      with self._conversation_lock:  # (dispatched: a later store into them runs after)
+        self._free_blocks.extend(stored.blocks)
+    elif staged.start and source != slot:
       # moved now, before anything is prefilled into `source` (the generate loop may
       # give it to another request of this very step)
       decode_state = self._move(decode_state, np.int32(source), np.int32(slot))
     self._staged.append(staged)
     return decode_state
 
+  def _block_array(self, blocks: Sequence[int]) -> np.ndarray:
+    out = np.full((self._blocks_per_slot,), self._num_blocks, np.int32)  # padding: dropped
+    out[:len(blocks)] = blocks
+    return out
+
   # -- KV reuse across turns -------------------------------------------------------------
-  def _continuation(self, slot: int, prefix: Prefix, sampling: Sampling) -> Tuple[_Staged, int]:
-    """What `slot`'s prefill needs, and the slot holding the keys/values it continues
-    from: the whole prompt, or, when the trajectory's previous turn left the keys/values
-    of a prefix of these very ids in a slot (checked id by id), only the ids after it.
-    The slot's previous conversation is gone either way."""
+  def _continuation(self, slot: int, prefix: Prefix, sampling: Sampling):
+    """What `slot`'s prefill needs: (staged, the slot holding the keys/values it continues
+    from, the store entry made for the slot's previous conversation or None, the store
+    entry it continues from or None). The whole prompt is prefilled unless the
+    trajectory's previous turn left the keys/values of a prefix of these very ids (checked
+    id by id) in a slot or in the store; then only the ids after it. The slot's previous
+    conversation moves to the store (when there is one, and it finished), else is gone."""
     staged, source = _Staged(slot, prefix, sampling, self._sampling_seed(prefix.request)), slot
     trajectory = getattr(prefix.request, "trajectory_id", "")
     ids = np.asarray(prefix.tokens[:prefix.true_length])
+    stored = evicted = None
     with self._conversation_lock:
       previous = self._conversations.get(self._slot_of.get(trajectory, -1)) if trajectory else None
-      if (self.reuse_kv and previous is not None and previous.finished
-          and len(previous.ids) < len(ids) and np.array_equal(ids[:len(previous.ids)], previous.ids)):
-        staged.start, source = len(previous.ids), self._slot_of[trajectory]
-        staged.cached_versions = previous.versions
-        del self._conversations[source]
+      entry = self._store.pop(trajectory, None) if trajectory and previous is None else None
+      candidate = previous if entry is None else entry.conversation
+      if (self.reuse_kv and candidate is not None and candidate.finished
+          and len(candidate.ids) < len(ids) and np.array_equal(ids[:len(candidate.ids)], candidate.ids)):
+        staged.start = len(candidate.ids)
+        staged.cached_versions = candidate.versions
+        if entry is None:
+          source = self._slot_of[trajectory]
+          del self._conversations[source]
+        else:
+          stored = entry
+      elif entry is not None:  # a store entry this turn does not continue: useless now
+        self._free_blocks.extend(entry.blocks)
       dropped = self._conversations.pop(slot, None)
       if dropped is not None and self._slot_of.get(dropped.trajectory_id) == slot:
         del self._slot_of[dropped.trajectory_id]
+        if dropped.finished and dropped.trajectory_id != trajectory:
+          evicted = self._keep_in_store(dropped)
       if trajectory:
-        since = previous.since if staged.start else self.num_steps
+        since = candidate.since if staged.start else self.num_steps
         staged.conversation = self._conversations[slot] = _Conversation(
             trajectory, ids, since, prefix.request)
         self._slot_of[trajectory] = slot
-    return staged, source
+    return staged, source, evicted, stored
+
+  def _keep_in_store(self, conversation: _Conversation) -> Optional[_Stored]:
+    """Blocks for `conversation` in the prefix store (evicting the least recently used
+    entries as needed), or None when the store is off or too small for it."""
+    need = -(-len(conversation.ids) // PREFIX_BLOCK)
+    if need > self._num_blocks:
+      return None
+    while len(self._free_blocks) < need:
+      if not self._store:  # (the blocks a turn is being copied back from are not free yet)
+        return None
+      _, old = self._store.popitem(last=False)
+      self._free_blocks.extend(old.blocks)
+      self.store_evictions += 1
+    blocks, self._free_blocks = self._free_blocks[:need], self._free_blocks[need:]
+    entry = self._store[conversation.trajectory_id] = _Stored(conversation, blocks)
+    return entry
+
+  def end_trajectory(self, trajectory: str) -> Optional[int]:
+    """`trajectory` ended: its keys/values are dropped from its slot or the store. Returns
+    the slot that held them (now the best one to give away), or None."""
+    with self._conversation_lock:
+      entry = self._store.pop(trajectory, None)
+      if entry is not None:
+        self._free_blocks.extend(entry.blocks)
+      slot = self._slot_of.get(trajectory)
+      conversation = self._conversations.get(slot)
+      if conversation is None or not conversation.finished:
+        return None  # (a request of it is still running: its slot is not free anyway)
+      del self._conversations[slot], self._slot_of[trajectory]
+      return slot
+
+  @property
+  def stored_tokens(self) -> int:
+    """Ids whose keys/values the prefix store holds."""
+    with self._conversation_lock:
+      return sum(len(e.conversation.ids) for e in self._store.values())
 
   def _sampling_seed(self, request) -> int:
     """A request's sampling seed: from its id (and sampling mode) when it has one, so
@@ -512,6 +632,9 @@ class RollxEngine(engine_api.Engine):
                              np.zeros((n,), np.uint32))
     if self.reuse_kv:
       state = self._move(state, np.int32(0), np.int32(0))
+    if self._pool is not None:  # all-padding blocks: the store is unchanged
+      self._pool = self._store_slot(state.cache, self._pool, np.int32(0), self._block_array(()))
+      state = self._load_slot(state, self._pool, np.int32(0), self._block_array(()))
     jax.block_until_ready((state, totals))
 
   def _rows(self, width: int, extend: bool = False) -> int:
@@ -590,6 +713,7 @@ class RollxEngine(engine_api.Engine):
       decode_state = self._extend(weights, decode_state, *self._extend_arrays(width, chunk))
     self.prefilled_tokens += sum(s.prefix.true_length - s.start for s in staged)
     self.reused_tokens += sum(s.start for s in staged)
+    self.store_reused_tokens += sum(s.start for s in staged if s.from_store)
     # the running totals go through the jitted step: an eager add here cost ~1 ms a step
     decode_state, data, self._logp_totals = self._generate(weights, decode_state,
                                                            self._logp_totals)
@@ -627,6 +751,8 @@ class RollxEngine(engine_api.Engine):
     with self._conversation_lock:
       self._conversations.clear()
       self._slot_of.clear()
+      self._store.clear()
+      self._free_blocks = list(range(self._num_blocks))
     cfg, s = self.config, self._slots
     f32 = lambda *shape: jnp.zeros(shape, jnp.float32)
     state = SlotState(

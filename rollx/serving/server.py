@@ -17,6 +17,8 @@ What rollx adds to the protocol (JetStream 0.2.2's Decode has no fields for thes
   `rollx-policy-versions` (comma-separated, one per token), and its behaviour
   log-prob (the log-prob under the distribution it was sampled from) in
   `rollx-behaviour-logp-bin` (float32 bytes);
+- `EndTrajectory` (rollx.Rollout, raw bytes: a trajectory id): the trajectory ended,
+  its cached keys/values are dropped (rollx.serving.engine's prefix store);
 - `update_params(params, version, abort_in_flight)`: the weights are swapped
   between two generate steps, the port stays open and HealthCheck keeps answering.
   With `abort_in_flight`, requests running at the swap end with gRPC ABORTED
@@ -45,8 +47,9 @@ from rollx import models
 from rollx.errors import ConfigError
 from rollx.models import hf
 from rollx.parallel import mesh as mesh_lib
-from rollx.serving import (BEHAVIOUR_LOGP_KEY, PREFILL_VERSION_KEY, REQUEST_ID_KEY,
-                           SAMPLING_KEY, SAMPLING_PARAMS_KEY, TRAJECTORY_KEY, VERSIONS_KEY)
+from rollx.serving import (BEHAVIOUR_LOGP_KEY, END_TRAJECTORY_METHOD, PREFILL_VERSION_KEY,
+                           REQUEST_ID_KEY, SAMPLING_KEY, SAMPLING_PARAMS_KEY, TRAJECTORY_KEY,
+                           VERSIONS_KEY)
 from rollx.serving.batching import GenerateLoop, GenerateLoopDied, Request
 from rollx.serving.engine import RollxEngine, Sampling
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # noqa: E402
@@ -150,6 +153,9 @@ class RolloutServer:
     async def start():
       server = grpc.aio.server(self._executor)
       jetstream_pb2_grpc.add_OrchestratorServicer_to_server(self.servicer, server)
+      service, method = END_TRAJECTORY_METHOD.strip("/").split("/")
+      server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {
+          method: grpc.unary_unary_rpc_method_handler(self._end_trajectory)}),))
       bound = server.add_insecure_port(f"{host}:{port}")
       if bound == 0:
         raise OSError(f"cannot bind the rollout server to {host}:{port}")
@@ -159,6 +165,10 @@ class RolloutServer:
     self._server, self.port = asyncio.run_coroutine_threadsafe(start(), self._loop).result()
     self.host = host
     logging.info("rollx rollout server on %s", self.address)
+
+  async def _end_trajectory(self, trajectory_id: bytes, context) -> bytes:
+    self.generate_loop.end_trajectory(trajectory_id.decode("utf-8", "replace"))
+    return b""
 
   def _deliver(self, ended: Sequence[Request]) -> None:
     """The generate loop's thread: one wake-up of the event loop per step, not per request."""
@@ -179,7 +189,10 @@ class RolloutServer:
             "prefilled_tokens": float(self.engine.prefilled_tokens),
             "reused_tokens": float(self.engine.reused_tokens),
             "stale_reused_tokens": float(self.engine.stale_reused_tokens),
-            "max_prefix_staleness": float(self.engine.max_prefix_staleness)}
+            "max_prefix_staleness": float(self.engine.max_prefix_staleness),
+            "store_reused_tokens": float(self.engine.store_reused_tokens),
+            "stored_tokens": float(self.engine.stored_tokens),
+            "store_evictions": float(self.engine.store_evictions)}
 
   def update_params(self, params, version: int, abort_in_flight: bool = False) -> int:
     """New weights for the next generate step; returns how many requests were aborted."""
@@ -237,7 +250,8 @@ def engine_from_config(config: ml_collections.ConfigDict, params=None, version: 
       sampling={"train": Sampling.from_generating_args(infer.generating_args),
                 "val": Sampling.from_generating_args(infer.val_generating_args)},
       hf_tokenizer=tokenizer, pad_id=tokenizer.pad_token_id or 0, mesh=mesh, seed=config.seed,
-      reuse_kv=s.reuse_kv, keep_prefix_across_updates=s.keep_prefix_across_updates)
+      reuse_kv=s.reuse_kv, keep_prefix_across_updates=s.keep_prefix_across_updates,
+      prefix_cache_tokens=s.prefix_cache_tokens)
 
 
 def server_from_config(config: ml_collections.ConfigDict, host: str = "127.0.0.1", port: int = 0,

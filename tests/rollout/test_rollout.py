@@ -78,7 +78,8 @@ async def collect_local(config, server, batches=1, manager="train_env_manager", 
   client = RolloutClient([server.address])
   kwargs = {**manager_kwargs(config, manager), **overrides}
   managers = [EnvManager(s.env_id, s.tag, config.custom_envs[s.tag].to_dict(), tokenizer,
-                         client.generate, **kwargs) for s in env_layout(config[manager])]
+                         client.generate, end_trajectory=client.end_trajectory, **kwargs)
+              for s in env_layout(config[manager])]
   loops = [asyncio.ensure_future(m.run_rollout_loop(scheduler)) for m in managers]
   results = []
   for _ in range(batches):
@@ -160,6 +161,24 @@ class WindyLake(FrozenLake):
 
 
 envs.register_env("WindyLake")(WindyLake)
+
+
+def test_ended_episodes_leave_no_keys_values_in_the_server(policy_dir):
+  """Every episode's end reaches the server (EnvManager -> RolloutClient.end_trajectory ->
+  the EndTrajectory RPC): after a batch of multi-turn episodes no conversation is kept."""
+  config = make_config(policy_dir, num_env_groups=2, group_size=2)
+  config.actor_infer.strategy_args.prefix_cache_tokens = 4096
+  srv = server_lib.server_from_config(config)
+  try:
+    _, managers, _ = asyncio.run(collect_local(config, srv))
+    engine = srv.engine
+    deadline = time.time() + 10
+    while (engine._slot_of or engine.stored_tokens) and time.time() < deadline:
+      time.sleep(0.01)  # (the drops are applied on the server's generate loop)
+    assert srv.stats()["reused_tokens"] > 0  # the episodes were conversations
+    assert not engine._slot_of and engine.stored_tokens == 0
+  finally:
+    srv.stop()
 
 
 def test_env_that_raises_is_reset_counted_and_its_episode_rerun(policy_dir, server):

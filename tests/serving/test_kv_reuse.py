@@ -5,7 +5,9 @@ the logits and keys/values of a full prefill of the same ids (fp32, 1e-5), acros
 prompt buckets and attention blocks. The server (real generate loop, gRPC): multi-turn conversations
 answer exactly what a full decode of the whole conversation gives, reusing every
 earlier turn's keys/values; a diverging prefix, a weight update and a slot taken by
-another request each fall back to a full prefill and stay exact.
+another request each fall back to a full prefill and stay exact. With a prefix store,
+conversations outnumbering the slots keep their keys/values beside the slots, exactly,
+evicted least recently used first under a tiny budget; an ended trajectory's go at once.
 """
 
 import asyncio
@@ -47,9 +49,10 @@ def test_extend_equals_a_full_prefill(cached, new):
                              rtol=0, atol=1e-5)
 
 
-def serve(slots=8):
+def serve(slots=8, store=0):
   engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=slots, max_prefill_length=128,
-                       max_cache_length=256, sampling={"train": Sampling(1.0), "val": Sampling(0.0)})
+                       max_cache_length=256, sampling={"train": Sampling(1.0), "val": Sampling(0.0)},
+                       prefix_cache_tokens=store)
   return RolloutServer(engine)
 
 
@@ -65,8 +68,24 @@ def conversation(client, traj, first, turns, answer=6, rng=None):
   return go()
 
 
+_PREFILL = jax.jit(llm.prefill, static_argnums=0)
+_DECODE = jax.jit(llm.decode_step, static_argnums=0)
+
+
 def greedy(params, prompt, n):
-  return llm.greedy_generate(MODEL, params, prompt, n)
+  """A full greedy decode of `prompt` (no reuse), padded to a power of two so that the
+  reference compiles once per width, not once per prompt length."""
+  width = max(16, 1 << (len(prompt) - 1).bit_length())
+  tokens = np.zeros((1, width), np.int32)
+  tokens[0, :len(prompt)] = prompt
+  logits, cache = _PREFILL(MODEL, params, tokens, np.array([len(prompt)], np.int32))
+  cache = llm.pad_cache(cache, width + n)
+  out = []
+  for i in range(n):
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    out.append(int(token[0]))
+    logits, cache = _DECODE(MODEL, params, token, np.array([len(prompt) + i], np.int32), cache)
+  return out
 
 
 def test_multi_turn_conversations_reuse_every_earlier_turn_and_stay_exact():
@@ -187,5 +206,95 @@ def test_keep_prefix_across_updates_reuses_stale_keys_and_reports_their_age():
     c = asyncio.run(turn(ids, "a2"))
     assert srv.stats()["stale_reused_tokens"] == 2 * cached and c.policy_version == 0
     # off (the default), the same update means a full prefill (the test above)
+  finally:
+    srv.stop()
+
+
+def _conversations(srv, n, turns, seed):
+  async def go():
+    client = RolloutClient([srv.address])
+    rng = np.random.default_rng(seed)
+    runs = await asyncio.gather(*[conversation(client, f"s{i}", rng.integers(0, 96, 9 + 3 * i),
+                                               turns, rng=np.random.default_rng(seed + i))
+                                  for i in range(n)])
+    await client.close()
+    return runs
+  return asyncio.run(go())
+
+
+def _assert_exact(runs):
+  params = make_params(0)
+  for turns in runs:
+    for prompt, gen in turns:
+      assert gen.token_ids == greedy(params, prompt, 6)
+
+
+def test_prefix_store_keeps_conversations_that_outnumber_the_slots():
+  """6 conversations on 2 slots: a turn whose slot went to another request continues
+  from the store, exactly, and every later turn reuses all of the turn before."""
+  srv = serve(slots=2, store=4096)
+  try:
+    runs = _conversations(srv, 6, 3, seed=30)
+    stats = srv.stats()
+  finally:
+    srv.stop()
+  _assert_exact(runs)
+  reusable = sum(len(t[k - 1][0]) + len(t[k - 1][1].token_ids) for t in runs for k in (1, 2))
+  assert stats["store_reused_tokens"] > 0 and stats["store_evictions"] == 0
+  assert stats["reused_tokens"] == reusable
+
+
+def test_prefix_store_evicts_the_least_recently_used_under_a_tiny_budget():
+  """One slot, a store of one block: b's turn moves a to the store, c's moves b there and
+  evicts a. b continues from the store; a is prefilled whole. Both exact."""
+  srv = serve(slots=1, store=64)
+  try:
+    async def go():
+      client = RolloutClient([srv.address])
+      turn = lambda t, ids, tag: client.generate(tag, ids, 6, trajectory_id=t, mode="val")
+      first = {"a": [1, 2, 3, 4], "b": [5, 6, 7], "c": [8, 9]}
+      out = {t: await turn(t, ids, f"{t}0") for t, ids in first.items()}
+      assert srv.stats()["store_evictions"] == 1  # c's turn evicted a for b
+      before = srv.stats()
+      b_ids = first["b"] + out["b"].token_ids + [10]
+      b1 = await turn("b", b_ids, "b1")
+      middle = srv.stats()
+      a_ids = first["a"] + out["a"].token_ids + [11]
+      a1 = await turn("a", a_ids, "a1")
+      after = srv.stats()
+      await client.close()
+      return (b_ids, b1, a_ids, a1), (before, middle, after)
+    (b_ids, b1, a_ids, a1), (before, middle, after) = asyncio.run(go())
+  finally:
+    srv.stop()
+  params = make_params(0)
+  assert b1.token_ids == greedy(params, b_ids, 6) and a1.token_ids == greedy(params, a_ids, 6)
+  assert middle["store_reused_tokens"] - before["store_reused_tokens"] == len(b_ids) - 1
+  assert after["reused_tokens"] == middle["reused_tokens"]  # a: a full prefill
+
+
+def test_an_ended_trajectory_is_dropped_from_its_slot_and_the_store():
+  srv = serve(slots=1, store=1024)
+  try:
+    async def go():
+      client = RolloutClient([srv.address])
+      a = await client.generate("a0", [1, 2, 3, 4], 6, trajectory_id="a", mode="val")
+      b = await client.generate("b0", [5, 6, 7], 6, trajectory_id="b", mode="val")  # a -> store
+      stored = srv.stats()["stored_tokens"]
+      await client.end_trajectory("a")
+      await client.end_trajectory("b")  # b's keys/values are in the slot
+      for _ in range(100):  # (handled on the generate loop's thread)
+        if srv.stats()["stored_tokens"] == 0 and not srv.engine.slot_for(
+            type("R", (), {"trajectory_id": "b"})()):
+          break
+        await asyncio.sleep(0.01)
+      # a new turn of "b" finds nothing to continue: a full prefill
+      before = srv.stats()["reused_tokens"]
+      await client.generate("b1", [5, 6, 7] + b.token_ids + [8], 6, trajectory_id="b", mode="val")
+      await client.close()
+      return a, stored, srv.stats()["reused_tokens"] - before
+    a, stored, reused = asyncio.run(go())
+    assert stored == 4 + len(a.token_ids)
+    assert srv.stats()["stored_tokens"] == 0 and reused == 0
   finally:
     srv.stop()
