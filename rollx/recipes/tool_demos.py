@@ -8,6 +8,13 @@ template) on reasoning-gym task families *other* than the ones RL trains and val
 (`DEMO_FAMILIES`: chain sums and products, against configs/tool_arithmetic.py's
 `basic_arithmetic`), so any gain on the RL families is RL's. The expert copies the
 problem's expression into one calculator call, then answers with the tool's result.
+
+    python -m rollx.recipes.tool_demos    # ~10-15 min on 2 CPU cores
+
+rebuilds the shipped `rollx/models/default_tools/`: the default model warm started (the
+warm start of rollx.recipes.warm_start, loss on the model's turns) on these
+demonstrations in configs/tool_arithmetic.py's tool loop, which starts from it. Built
+once and shipped so that a run, and a test, need not spend the warm start's minutes.
 """
 
 from __future__ import annotations
@@ -84,3 +91,36 @@ def demonstration_episodes(tokenizer, entry, num_episodes: int, seed: int,
 def demo_families_overlap(families: Sequence[str]) -> List[str]:
   """The families of `families` that the demonstrations also use (must be none)."""
   return sorted(set(families) & set(DEMO_FAMILIES))
+
+
+def build_default_tools(out_dir: str, config_path: str, steps: int) -> str:
+  """The default model warm started for `config_path`'s tool loop, written to `out_dir`."""
+  import os
+  import shutil
+  import tempfile
+  from rollx import config as config_lib
+  from rollx.recipes import warm_start
+  config = config_lib.load_file(config_path)
+  config.pretrain, config.warm_start_steps = None, int(steps)
+  with tempfile.TemporaryDirectory() as tmp:
+    config.output_dir = tmp
+    built = warm_start.for_config(config)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.copytree(built, out_dir)
+  return os.path.abspath(out_dir)
+
+
+def main(argv):
+  del argv
+  from absl import flags
+  f = flags.FLAGS
+  print(f"wrote {build_default_tools(f.out_dir, f.config, f.steps)}")
+
+
+if __name__ == "__main__":
+  from absl import app, flags
+  from rollx.models import DEFAULT_TOOLS_MODEL_DIR
+  flags.DEFINE_string("out_dir", DEFAULT_TOOLS_MODEL_DIR, "where to write the model")
+  flags.DEFINE_string("config", "configs/tool_arithmetic.py", "the tool config it is for")
+  flags.DEFINE_integer("steps", 200, "warm-start steps")
+  app.run(main)

@@ -5,6 +5,8 @@ import asyncio
 import copy
 import json
 import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -244,3 +246,21 @@ def test_tool_demonstrations_solve_other_families_through_the_real_loop(tmp_path
   with pytest.raises(ValueError, match=r"Arithmetic.env_config.datasets: \['products'\]"):
     warm_start.for_config(config)
   assert os.listdir(tmp_path) == []
+
+
+def test_two_training_steps_of_the_shipped_tool_config(tmp_path):
+  """`python -m rollx.train --config=configs/tool_arithmetic.py --config.max_steps=2`, as a
+  user runs it (from the shipped tool-warm-started model): the servers, the tool loop with
+  its sandboxed tools in Ray env workers, the trainer; tool metrics reach TensorBoard."""
+  from tests.conftest import ROOT
+  from tests.test_pipeline import tb_scalars, train_env
+  out = tmp_path / "run"
+  result = subprocess.run(
+      [sys.executable, "-m", "rollx.train", "--config=configs/tool_arithmetic.py",
+       "--config.max_steps=2", f"--config.output_dir={out}", f"--config.logging_dir={out}/logs"],
+      cwd=ROOT, capture_output=True, text=True, timeout=480, env=train_env())
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "step 2/2" in result.stdout, result.stdout[-3000:]
+  scalars = tb_scalars(out / "logs" / "tool_arithmetic_grpo")
+  assert any(k.endswith("Arithmetic/tool_calls_per_episode") for k in scalars), sorted(scalars)
+  assert any("ArithmeticVal/success" in k for k in scalars), sorted(scalars)
