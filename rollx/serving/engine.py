@@ -82,7 +82,7 @@ from rollx.serving import PREFILL_BUCKETS  # noqa: E402
 # queries also attend to the slot's cache). Measured on configs/sokoban.py:multiturn
 # (4096-token buckets, the default model): prefills of 2 rows instead of 8 took the
 # server's peak RSS from 4.5 to 3.3 GB, continuations of 1 row instead of 2 from 2.7 to
-# 1.8 GB (with compat fix 6).
+# 1.8 GB (with rollx.serving.compat keeping TensorFlow out).
 PREFILL_TOKENS = 8192
 # Tokens per block of the prefix store: a conversation takes ceil(ids / block) blocks.
 PREFIX_BLOCK = 64
