@@ -102,32 +102,32 @@ class RollxOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
                                        metadata.get(SAMPLING_PARAMS_KEY))
     if problem is not None:
       await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-    request = Request(
+    active = Request(
         prompt=np.asarray(request.token_content.token_ids, np.int32),
         max_tokens=request.max_tokens, sampling=sampling,
         request_id=metadata.get(REQUEST_ID_KEY, ""),
         trajectory_id=metadata.get(TRAJECTORY_KEY, ""), mode=mode,
         handle=asyncio.get_running_loop().create_future())
-    context.add_done_callback(lambda unused: self._generate.cancel(request))
+    context.add_done_callback(lambda unused: self._generate.cancel(active))
     try:
-      self._generate.submit(request)
+      self._generate.submit(active)
     except GenerateLoopDied as e:
       await context.abort(grpc.StatusCode.UNAVAILABLE, f"the generate loop died: {e}")
-    await request.handle
-    if request.error is not None:  # UNAVAILABLE: the client tries another server
-      await context.abort(grpc.StatusCode.UNAVAILABLE, f"the generate loop died: {request.error}")
-    if request.aborted:
+    await active.handle
+    if active.error is not None:  # UNAVAILABLE: the client tries another server
+      await context.abort(grpc.StatusCode.UNAVAILABLE, f"the generate loop died: {active.error}")
+    if active.aborted:
       await context.abort(grpc.StatusCode.ABORTED,
                           "weights were updated while this request ran; resubmit it")
-    if request.token_ids:
+    if active.token_ids:
       yield jetstream_pb2.DecodeResponse(
           stream_content=jetstream_pb2.DecodeResponse.StreamContent(
               samples=[jetstream_pb2.DecodeResponse.StreamContent.Sample(
-                  token_ids=request.token_ids)]))
+                  token_ids=active.token_ids)]))
     context.set_trailing_metadata((
-        (VERSIONS_KEY, ",".join(map(str, request.token_versions))),
-        (PREFILL_VERSION_KEY, str(request.prefill_version)),
-        (BEHAVIOUR_LOGP_KEY, np.asarray(request.behaviour_logp, "<f4").tobytes()),
+        (VERSIONS_KEY, ",".join(map(str, active.token_versions))),
+        (PREFILL_VERSION_KEY, str(active.prefill_version)),
+        (BEHAVIOUR_LOGP_KEY, np.asarray(active.behaviour_logp, "<f4").tobytes()),
     ))
 
   async def HealthCheck(self, request, context):
