@@ -95,8 +95,7 @@ class EnvManager:
         try:
           trajectory = await self.run_episode(ticket)
         finally:
-          if self.end_trajectory is not None:
-            await self.end_trajectory(self.trajectory_key(ticket))
+          await self._ended(ticket)
       except asyncio.CancelledError:
         raise
       except Exception as e:  # noqa: BLE001 - env code is user code; never crash the loop
@@ -111,6 +110,16 @@ class EnvManager:
         await scheduler.report_error(ticket, f"{type(e).__name__}: {e}")
         continue
       await scheduler.put(trajectory)
+
+  async def _ended(self, ticket: Ticket) -> None:
+    """Tells the server the episode ended; a failure to tell costs only cache room (the
+    server evicts what is never continued), so it never fails the episode."""
+    if self.end_trajectory is None:
+      return
+    try:
+      await self.end_trajectory(self.trajectory_key(ticket))
+    except Exception as e:  # noqa: BLE001 - best effort, see above
+      logging.debug("env %d: end_trajectory failed: %r", self.env_id, e)
 
   # -- one episode ---------------------------------------------------------------------
   def trajectory_key(self, ticket: Ticket) -> str:
