@@ -176,7 +176,8 @@ def _listing(out):
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
   work = tmp_path_factory.mktemp("resume")
-  cache = tmp_path_factory.mktemp("jax_cache")  # compiled once by A, reused by B and C
+  # compiled once by A (or by the session's earlier runs: tests/conftest.py), reused by B, C
+  cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or tmp_path_factory.mktemp("jax_cache")
   out = work / "run"
   ckpts = out / "checkpoints"
   train = [sys.executable, "-m", "rollx.train"]
