@@ -248,6 +248,7 @@ def test_tool_demonstrations_solve_other_families_through_the_real_loop(tmp_path
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # ~90 s: out of `make test`, whose 20 minutes it would nearly exhaust
 def test_two_training_steps_of_the_shipped_tool_config(tmp_path):
   """`python -m rollx.train --config=configs/tool_arithmetic.py --config.max_steps=2`, as a
   user runs it (from the shipped tool-warm-started model): the servers, the tool loop with
