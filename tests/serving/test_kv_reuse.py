@@ -88,17 +88,24 @@ def greedy(params, prompt, n):
   return out
 
 
+def _conversations(srv, n, turns, seed, first_length, rng_base, tag="s"):
+  """n greedy conversations at once (`conversation`): conversation i starts with
+  first_length(i) ids drawn from `seed` and adds ids drawn from rng_base + i."""
+  async def go():
+    client = RolloutClient([srv.address])
+    rng = np.random.default_rng(seed)
+    runs = await asyncio.gather(*[conversation(client, f"{tag}{i}", rng.integers(0, 96, first_length(i)),
+                                               turns, rng=np.random.default_rng(rng_base + i))
+                                  for i in range(n)])
+    await client.close()
+    return runs
+  return asyncio.run(go())
+
+
 def test_multi_turn_conversations_reuse_every_earlier_turn_and_stay_exact():
   srv = serve()
   try:
-    async def go():
-      client = RolloutClient([srv.address])
-      rng = np.random.default_rng(0)
-      runs = await asyncio.gather(*[conversation(client, f"t{i}", rng.integers(0, 96, 5 + 9 * i),
-                                                 3, rng=np.random.default_rng(i)) for i in range(4)])
-      await client.close()
-      return runs
-    runs = asyncio.run(go())
+    runs = _conversations(srv, 4, 3, seed=0, first_length=lambda i: 5 + 9 * i, rng_base=0, tag="t")
     stats = srv.stats()
   finally:
     srv.stop()
@@ -119,15 +126,7 @@ def test_as_many_conversations_as_slots_keep_every_cache():
   that holds its conversation, so every turn after the first reuses all of the last one."""
   srv = serve(slots=8)
   try:
-    async def go():
-      client = RolloutClient([srv.address])
-      rng = np.random.default_rng(1)
-      runs = await asyncio.gather(*[conversation(client, f"c{i}", rng.integers(0, 96, 7 + i), 4,
-                                                 rng=np.random.default_rng(10 + i))
-                                    for i in range(8)])
-      await client.close()
-      return runs
-    runs = asyncio.run(go())
+    runs = _conversations(srv, 8, 4, seed=1, first_length=lambda i: 7 + i, rng_base=10, tag="c")
     stats = srv.stats()
   finally:
     srv.stop()
@@ -210,16 +209,6 @@ def test_keep_prefix_across_updates_reuses_stale_keys_and_reports_their_age():
     srv.stop()
 
 
-def _conversations(srv, n, turns, seed):
-  async def go():
-    client = RolloutClient([srv.address])
-    rng = np.random.default_rng(seed)
-    runs = await asyncio.gather(*[conversation(client, f"s{i}", rng.integers(0, 96, 9 + 3 * i),
-                                               turns, rng=np.random.default_rng(seed + i))
-                                  for i in range(n)])
-    await client.close()
-    return runs
-  return asyncio.run(go())
 
 
 def _assert_exact(runs):
@@ -234,7 +223,7 @@ def test_prefix_store_keeps_conversations_that_outnumber_the_slots():
   from the store, exactly, and every later turn reuses all of the turn before."""
   srv = serve(slots=2, store=4096)
   try:
-    runs = _conversations(srv, 6, 3, seed=30)
+    runs = _conversations(srv, 6, 3, seed=30, first_length=lambda i: 9 + 3 * i, rng_base=30)
     stats = srv.stats()
   finally:
     srv.stop()
