@@ -200,52 +200,66 @@ def peak_rss_gib() -> float:
 SHAPES = (("FrozenLake", 128, 40), ("Sokoban", 200, 90))
 
 
+def conversations(loaded, chains_n, turns, first, per_turn, n_new=5):
+  """(starts, observations, prompt bucket) of `chains_n` random conversations of a shape."""
+  rng = np.random.default_rng(0)
+  vocab = loaded.config.vocab_size
+  starts = [rng.integers(3, vocab, first).tolist() for _ in range(chains_n)]
+  observations = [[rng.integers(3, vocab, per_turn).tolist() for _ in range(turns)]
+                  for _ in range(chains_n)]
+  longest = first + turns * (per_turn + n_new)
+  return starts, observations, PREFILL_BUCKETS[np.searchsorted(PREFILL_BUCKETS, longest)]
+
+
+def serve_conversations(loaded, starts, observations, bucket, slots, n_new=5, env_s=0.0,
+                        **engine_args):
+  """(seconds, prompt tokens prefilled a turn, tokens generated) of every conversation at
+  once, each turn sending the whole conversation so far, on a fresh in-process server;
+  `env_s` between turns (the env's step), the server told when a conversation ends."""
+  engine = RollxEngine(loaded.model, loaded.params, max_concurrent_decodes=slots,
+                       max_prefill_length=bucket, max_cache_length=bucket + n_new,
+                       sampling={"train": Sampling(0.0), "val": Sampling(0.0)}, **engine_args)
+  engine.warmup([b for b in PREFILL_BUCKETS if b <= bucket])  # compiles are not timed
+  server = RolloutServer(engine)
+  chains_n, turns = len(starts), len(observations[0])
+
+  async def chain(client, i):
+    ids, made = list(starts[i]), 0
+    for t in range(turns):
+      gen = await client.generate(f"c{i}t{t}", ids, n_new, trajectory_id=f"c{i}")
+      made += len(gen.token_ids)
+      ids += gen.token_ids + observations[i][t]
+      if env_s:
+        await asyncio.sleep(env_s)
+    await client.end_trajectory(f"c{i}")
+    return made
+
+  async def all_chains():
+    client = RolloutClient([server.address])
+    made = await asyncio.gather(*(chain(client, i) for i in range(chains_n)))
+    await client.close()
+    return sum(made)
+
+  start = time.perf_counter()
+  made = asyncio.run(all_chains())
+  seconds = time.perf_counter() - start
+  stats = server.stats()
+  server.stop()
+  assert made == chains_n * turns * n_new
+  return seconds, stats["prefilled_tokens"] / (chains_n * turns), made
+
+
 def multiturn(loaded, args):
   """KV reuse across turns on vs off on the same conversations (see the module doc)."""
   n_new, turns, chains_n = 5, args.turns, args.chains
-  vocab = loaded.config.vocab_size
   device = jax.devices()[0]
   ratios = []
   for name, first, per_turn in SHAPES:
-    rng = np.random.default_rng(0)
-    starts = [rng.integers(3, vocab, first).tolist() for _ in range(chains_n)]
-    observations = [[rng.integers(3, vocab, per_turn).tolist() for _ in range(turns)]
-                    for _ in range(chains_n)]
-    longest = first + turns * (per_turn + n_new)
-    bucket = PREFILL_BUCKETS[np.searchsorted(PREFILL_BUCKETS, longest)]
-
-    def run(reuse):
-      engine = RollxEngine(loaded.model, loaded.params, max_concurrent_decodes=args.slots,
-                           max_prefill_length=bucket, max_cache_length=bucket + n_new,
-                           sampling={"train": Sampling(0.0), "val": Sampling(0.0)},
-                           reuse_kv=reuse)
-      engine.warmup([b for b in PREFILL_BUCKETS if b <= bucket])  # compiles are not timed
-      server = RolloutServer(engine)
-
-      async def chain(client, i):
-        ids, made = list(starts[i]), 0
-        for t in range(turns):
-          gen = await client.generate(f"c{i}t{t}", ids, n_new, trajectory_id=f"c{i}")
-          made += len(gen.token_ids)
-          ids += gen.token_ids + observations[i][t]
-        return made
-
-      async def all_chains():
-        client = RolloutClient([server.address])
-        made = await asyncio.gather(*(chain(client, i) for i in range(chains_n)))
-        await client.close()
-        return sum(made)
-
-      start = time.perf_counter()
-      made = asyncio.run(all_chains())
-      seconds = time.perf_counter() - start
-      stats = server.stats()
-      server.stop()
-      assert made == chains_n * turns * n_new
-      return seconds, stats["prefilled_tokens"] / (chains_n * turns), made
-
-    off, off_prefill, made = run(False)
-    on, on_prefill, _ = run(True)
+    starts, observations, bucket = conversations(loaded, chains_n, turns, first, per_turn, n_new)
+    off, off_prefill, made = serve_conversations(loaded, starts, observations, bucket,
+                                                 args.slots, n_new, reuse_kv=False)
+    on, on_prefill, _ = serve_conversations(loaded, starts, observations, bucket, args.slots,
+                                            n_new, reuse_kv=True)
     ratios.append(off / on)
     print(f"{device.device_kind}: {name} conversations, {chains_n} x {turns} turns "
           f"({first}-token start, {per_turn} tokens a turn, {n_new}-token answers), "
@@ -262,47 +276,12 @@ def store(loaded, args):
   n_new, turns, chains_n = 5, args.turns, args.chains
   slots = args.slots if args.slots < chains_n else chains_n // 2
   name, first, per_turn = SHAPES[0]
-  rng = np.random.default_rng(0)
-  vocab = loaded.config.vocab_size
-  starts = [rng.integers(3, vocab, first).tolist() for _ in range(chains_n)]
-  observations = [[rng.integers(3, vocab, per_turn).tolist() for _ in range(turns)]
-                  for _ in range(chains_n)]
-  longest = first + turns * (per_turn + n_new)
-  bucket = PREFILL_BUCKETS[np.searchsorted(PREFILL_BUCKETS, longest)]
-
-  def run(store_tokens):
-    engine = RollxEngine(loaded.model, loaded.params, max_concurrent_decodes=slots,
-                         max_prefill_length=bucket, max_cache_length=bucket + n_new,
-                         sampling={"train": Sampling(0.0), "val": Sampling(0.0)},
-                         prefix_cache_tokens=store_tokens)
-    engine.warmup([b for b in PREFILL_BUCKETS if b <= bucket])  # compiles are not timed
-    server = RolloutServer(engine)
-
-    async def chain(client, i):
-      ids, made = list(starts[i]), 0
-      for t in range(turns):
-        gen = await client.generate(f"c{i}t{t}", ids, n_new, trajectory_id=f"c{i}")
-        made += len(gen.token_ids)
-        ids += gen.token_ids + observations[i][t]
-        await asyncio.sleep(args.env_ms / 1e3)  # the env's step
-      await client.end_trajectory(f"c{i}")
-      return made
-
-    async def all_chains():
-      client = RolloutClient([server.address])
-      made = await asyncio.gather(*(chain(client, i) for i in range(chains_n)))
-      await client.close()
-      return sum(made)
-
-    start = time.perf_counter()
-    made = asyncio.run(all_chains())
-    seconds = time.perf_counter() - start
-    stats = server.stats()
-    server.stop()
-    return seconds, stats["prefilled_tokens"] / (chains_n * turns), made
-
-  alone, alone_prefill, made = run(0)
-  kept, kept_prefill, _ = run(chains_n * (bucket + n_new))
+  starts, observations, bucket = conversations(loaded, chains_n, turns, first, per_turn, n_new)
+  env_s = args.env_ms / 1e3
+  alone, alone_prefill, made = serve_conversations(loaded, starts, observations, bucket, slots,
+                                                   n_new, env_s)
+  kept, kept_prefill, _ = serve_conversations(loaded, starts, observations, bucket, slots, n_new,
+                                              env_s, prefix_cache_tokens=chains_n * (bucket + n_new))
   device = jax.devices()[0]
   print(f"{device.device_kind}: {name} conversations, {chains_n} x {turns} turns on {slots} "
         f"slots, env steps of {args.env_ms:.0f} ms: prefill tokens per turn {alone_prefill:.0f} "
