@@ -33,6 +33,7 @@ DEMO_FAMILIES = {
     "chain_sum": {"min_terms": 2, "max_terms": 4, "min_digits": 2, "max_digits": 4},
     "products": {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 3},
 }
+DEMO_TAG = "ToolDemo"  # the tag of the demonstrations' samples (the warm start's loss keys on it)
 _EXPRESSION = re.compile(r"[-+*/()\d\s.]*\d[-+*/()\d\s.]*")
 _RESULT = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.DOTALL)
 
@@ -75,13 +76,13 @@ def demonstration_episodes(tokenizer, entry, num_episodes: int, seed: int,
   entry = dict(entry, agent_loop="tool", agent_program="")  # an agent program's tools too
   entry["env_config"] = dict(entry["env_config"], datasets=tuple(DEMO_FAMILIES),
                              dataset_params=json.dumps(DEMO_FAMILIES), split="train")
-  loop = make_agent_loop(0, "ToolDemo", entry, tokenizer, None,
+  loop = make_agent_loop(0, DEMO_TAG, entry, tokenizer, None,
                          sequence_length=sequence_length)
   loop.generate = Expert(tokenizer, loop)
   rng = np.random.default_rng(seed)
   out = []
   for i in range(num_episodes):
-    trajectory = asyncio.run(loop.run_episode(Ticket(0, "ToolDemo", i, 0,
+    trajectory = asyncio.run(loop.run_episode(Ticket(0, DEMO_TAG, i, 0,
                                                      int(rng.integers(2**31)))))
     if trajectory.success:
       out.append(trajectory)

@@ -151,15 +151,19 @@ def _lm_loss(model, params, batch, rng):
   return nll, {"nll": nll}
 
 
-def loss_mask(samples, responses_only: bool = False) -> np.ndarray:
+def loss_mask(samples, responses_only=False) -> np.ndarray:
   """[N, T] 1.0 where the warm start's loss predicts a token: every token of a transcript
-  but each sample's first, or the policy's tokens alone (`responses_only`)."""
-  if responses_only:
-    # Tool demonstrations: a few dozen answer tokens after a ~450-token constant system
-    # prompt, which would otherwise own the loss while the calls stay unlearned.
-    predicted = samples.response_mask.astype(np.float32)
+  but each sample's first, or the policy's tokens alone. `responses_only`: True or False
+  for every row, or the tags whose rows learn their responses alone (a mix of tool
+  demonstrations and game transcripts trains each its own way)."""
+  if isinstance(responses_only, bool):
+    rows = np.full(len(samples.tags), responses_only)
   else:
-    predicted = samples.segment_ids.astype(np.float32)
+    rows = np.isin(np.asarray(samples.tags, dtype=object), list(responses_only))
+  # Tool demonstrations: a few dozen answer tokens after a ~450-token constant system
+  # prompt, which would otherwise own the loss while the calls stay unlearned.
+  predicted = np.where(rows[:, None], samples.response_mask,
+                       samples.segment_ids).astype(np.float32)
   predicted[:, 0] = 0.0  # each sample's first token has no prediction
   return predicted
 
@@ -169,11 +173,11 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
                think_tags: Sequence[str] = (), sequence_length: int = SEQUENCE_LENGTH,
                num_episodes: Optional[int] = None,
                episodes: Optional[List[Trajectory]] = None,
-               responses_only: bool = False) -> dict:
+               responses_only=False) -> dict:
   """Trains the model in `model_dir` in place on random-valid-answer episodes
   (`num_episodes`, default steps x batch_size: one per row the steps read), or on
-  `episodes` when given; the loss covers every token of a transcript, or with
-  `responses_only` the policy's tokens alone."""
+  `episodes` when given; the loss covers every token of a transcript, or the policy's
+  tokens alone on the rows `responses_only` names (`loss_mask`)."""
   from rollx.trainer.step import Trainer
   from rollx import models
   loaded = models.load_model(model_dir)
@@ -252,11 +256,10 @@ def for_config(config) -> str:
     rows = -(-rows // max(1, max_steps // 2))
   # tool loops: solved demonstrations on other task families (rollx.recipes.tool_demos)
   tokenizer = hf.load_tokenizer(tmp)
-  episodes, demos = [], False
+  episodes = []
   for k, (tag, entry, manager_args, share) in enumerate(entries):
     n = max(1, round(rows * share))
     if entry.get("agent_loop") in ("tool", "program") and entry.get("tools"):
-      demos = True
       episodes += tool_demos.demonstration_episodes(tokenizer, entry, n, config.seed + k,
                                                     config.sequence_length)
     else:
@@ -264,7 +267,8 @@ def for_config(config) -> str:
                                         config.seed + k, config.sequence_length)
   warm_start(tmp, steps=config.warm_start_steps, seed=config.seed, entries=entries,
              sequence_length=config.sequence_length, episodes=episodes,
-             log_every=max(1, config.warm_start_steps // 4), responses_only=demos)
+             log_every=max(1, config.warm_start_steps // 4),
+             responses_only=(tool_demos.DEMO_TAG,))
   os.replace(tmp, target)  # whole or absent: a run killed mid-way builds it again
   return target
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import types
 
+import numpy as np
 import pytest
 
 import envs
@@ -240,6 +241,14 @@ def test_tool_demonstrations_solve_other_families_through_the_real_loop(tmp_path
     assert learned.endswith(f"<answer>{answer['action']}</answer><|im_end|>"), learned
     assert "# Tools" not in learned and "<tool_response>" not in learned
   assert warm_start.loss_mask(samples).sum() == samples.segment_ids.sum() - len(episodes)
+  # tool demonstrations beside game transcripts: each row trained its own way (the
+  # demonstrations on their calls and answers, the games on the whole transcript)
+  game = warm_start.random_valid_episodes(tok, warm_start.WARM_START_ENVS[:1], 2, seed=0)
+  mixed = collate(episodes[:2] + game, 1024)
+  mask = warm_start.loss_mask(mixed, responses_only=(tool_demos.DEMO_TAG,))
+  np.testing.assert_array_equal(mask[:2], warm_start.loss_mask(mixed, True)[:2])
+  np.testing.assert_array_equal(mask[2:], warm_start.loss_mask(mixed, False)[2:])
+  assert mask[2:].sum() > mixed.response_mask[2:].sum()  # the boards are learned too
   config.output_dir = str(tmp_path)
   config.warm_start_steps = 1
   config.custom_envs.Arithmetic.env_config.datasets = ("products",)
