@@ -10,27 +10,19 @@ Command:   python -m rollx.train --config=configs/tool_arithmetic.py
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
 Runtime:   ~25 s a step (2 CPU cores). The warm start is done once and shipped
            (rollx/models/default_tools; `python -m rollx.recipes.tool_demos` rebuilds it
-           in ~10-15 min).
+           in ~30 min: copy pretraining, then solved demonstrations).
 Expected:  no learning yet from the default model. It has never seen a tool call, so the
-           run starts from a copy warm started on solved tool-use demonstrations of other
-           task families (chain sums and products, rollx.recipes.tool_demos). Measured
-           2026-11-27 (seed 1, a host shared with other jobs): the 200-step warm start
-           took 15 min; its model opens calls but writes malformed JSON (none of 8
-           validation episodes played by it made a well-formed call), and over 30 RL
-           steps (26 min) validation and training success stayed 0.000. With the
-           calculator alone and 400 warm-start steps (22 min): invalid answers 0.33 (from
-           0.52), success 0.000 at steps 0-16; by hand, 1 of 8 episodes made a
-           well-formed call, its numbers made up (the model does not copy multi-digit
-           numbers). The warm start's loss now covers the model's turns only (before,
-           the ~450-token tool prompt owned it); with it, a calculator-only variant on
-           2-digit products (150 warm-start steps, 9 min) writes calls of the right shape
-           but the same expression for every problem: the 0.67M model does not read the
-           problem into its call. The shipped warm start (2026-11-27: 200 steps on calculator
-           demonstrations in this config's loop, calculator and python listed, loss on the
-           model's turns, 12.5 min): greedy on the 64 validation problems it calls a tool on
-           99% of its turns (1.98 calls an episode), 96% of the calls malformed JSON,
-           success 0.000; sampled in the first 2 RL steps, 1.4 calls an episode, 66-81%
-           malformed, success 0.000. A real run starts from an instruct model that calls tools
+           run starts from a copy pretrained to copy text into calls and warm started on
+           solved tool-use demonstrations of other task families (chain sums and
+           products; rollx.recipes.tool_demos). Measured 2026-11-27 on the 64 validation
+           problems, greedy (`python -m rollx.eval --config=configs/tool_arithmetic.py
+           --checkpoint=rollx/models/default_tools`): 90 calls, 71% well-formed JSON
+           (the warm start without copy pretraining: 21%), every answer the tool's
+           result read back exactly, but no call carries the problem's expression
+           verbatim (digits dropped or changed on these 3-4-term problems after the
+           ~800-token tool prompt), success 0.000. Sampled in RL (seed 1, 10 steps,
+           5 min): 1 of 32 episodes solved at step 10, the first reward signal. A real
+           run starts from an instruct model that calls tools
            (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct).
 
 Tasks are reasoning-gym's `basic_arithmetic` with 3-4 terms of 3-4 digits: exact answers
@@ -52,11 +44,12 @@ def get_config():
   config.eval_steps = 10
   config.rollout_batch_size = 32  # 4 groups x 8 conversations on one problem each
   config.val_batch_size = 64  # 64 unseen problems, greedy
-  config.sequence_length = 1024  # system + tools (~250 tokens), the problem, 3 rounds of calls
+  config.sequence_length = 1024  # system + tools (~800 tokens), the problem, a call or two
 
   # the default model warm started on calculator demonstrations of chain sums and products
-  # (not basic_arithmetic), shipped: `python -m rollx.recipes.tool_demos` rebuilds it (200
-  # warm-start steps, ~10-15 min); from the bare default model instead:
+  # (not basic_arithmetic), after copy pretraining, shipped: `python -m rollx.recipes.tool_demos`
+  # rebuilds it (1,600 copy steps, 200 warm-start steps, ~30 min); from the bare default model
+  # instead (the warm start alone, no copy pretraining):
   # --config.pretrain="" --config.warm_start_steps=200
   config.pretrain = models.DEFAULT_TOOLS_MODEL_DIR
   config.warm_start_steps = 0
@@ -73,6 +66,9 @@ def get_config():
   config.actor_infer.strategy_args.max_prefill_length = 1024
   config.actor_infer.strategy_args.max_cache_length = 1024
   config.actor_infer.generating_args.max_new_tokens = 96
+  # validation's own cap (64 by default) would cut a calculator call mid-expression: the
+  # call's fixed JSON alone is ~58 tokens
+  config.actor_infer.val_generating_args.max_new_tokens = 96
 
   for manager in (config.train_env_manager, config.val_env_manager):
     manager.env_manager_type = "trajectory"  # one sample per conversation (tool results: mask 0)

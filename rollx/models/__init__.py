@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from rollx.models import hf, llm
 
 DEFAULT_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default")
-# The default model warm started on tool-use demonstrations (configs/tool_arithmetic.py's
+# The default model copy pretrained, then warm started on tool-use demonstrations (configs/tool_arithmetic.py's
 # tools and template; rebuilt by `python -m rollx.recipes.tool_demos`)
 DEFAULT_TOOLS_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                        "default_tools")

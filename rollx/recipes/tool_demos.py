@@ -11,10 +11,19 @@ problem's expression into one calculator call, then answers with the tool's resu
 
     python -m rollx.recipes.tool_demos    # ~10-15 min on 2 CPU cores
 
-rebuilds the shipped `rollx/models/default_tools/`: the default model warm started (the
-warm start of rollx.recipes.warm_start, loss on the model's turns) on these
-demonstrations in configs/tool_arithmetic.py's tool loop, which starts from it. Built
-once and shipped so that a run, and a test, need not spend the warm start's minutes.
+rebuilds the shipped `rollx/models/default_tools/` in two stages:
+1. copy pretraining (`copy_episodes`): a pretrained LLM copies text from its context;
+   the default model does not (with the demonstrations alone its calls carried made-up
+   numbers). Random strings of digits, operators and brackets, repeated verbatim or put
+   into a calculator call, and random numbers read back from a tool response into an
+   answer: the copy skill and the call's shape, no arithmetic (the "results" are random)
+   and no reasoning-gym family. The skill forms abruptly, after a plateau: measured
+   2026-11-27 (batch 8, lr 3e-3, 17 min on 2 cores), the loss on the model's turns
+   stayed at ~1-2 to step ~800, then fell to 0.36 at step 960 and 0.025 at 1,600; with
+   400 steps (batch 16) it never left the plateau and the calls carried made-up digits.
+2. the warm start of rollx.recipes.warm_start (loss on the model's turns) on these
+   demonstrations in configs/tool_arithmetic.py's tool loop, which starts from it.
+Built once and shipped so that a run, and a test, need not spend the warm start's minutes.
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ from typing import List, Sequence
 
 import numpy as np
 
-from rollx.rollout.types import Ticket, Trajectory
+from rollx.models import hf
+from rollx.rollout.types import Sample, Ticket, Trajectory
 
 # reasoning-gym family -> generator options; none of them is an RL family of the configs
 DEMO_FAMILIES = {
@@ -94,17 +104,91 @@ def demo_families_overlap(families: Sequence[str]) -> List[str]:
   return sorted(set(families) & set(DEMO_FAMILIES))
 
 
-def build_default_tools(out_dir: str, config_path: str, steps: int) -> str:
-  """The default model warm started for `config_path`'s tool loop, written to `out_dir`."""
+COPY_TAG = "CopyPretraining"  # the tag of the copy-pretraining samples
+# Frames of the copy requests; none is a reasoning-gym family's wording.
+_COPY_FRAMES = ("Work out", "What is", "Find", "Compute", "Evaluate:", "Please compute",
+                "Tell me", "Value of")
+_COPY_CHARS = list("0123456789")
+
+
+def _random_expression(rng) -> str:
+  """1-5 numbers of 1-5 digits (a quarter negative), joined by + - * / with or without
+  spaces, sometimes bracketed: the characters a calculator call carries, no task."""
+  terms = ["-" * (rng.random() < 0.25) + "".join(rng.choice(_COPY_CHARS, rng.integers(1, 6)))
+           for _ in range(rng.integers(1, 6))]
+  out = terms[0]
+  for term in terms[1:]:
+    op = rng.choice(list("+-*/"))
+    out += f" {op} {term}" if rng.random() < 0.7 else f"{op}{term}"
+  if len(terms) > 1 and rng.random() < 0.3:
+    out = f"( {out} )" if rng.random() < 0.5 else f"-({out})"
+  return out
+
+
+def _random_number(rng) -> str:
+  out = "-" * (rng.random() < 0.3) + "".join(rng.choice(_COPY_CHARS, rng.integers(1, 9)))
+  if rng.random() < 0.15:
+    out += "." + "".join(rng.choice(_COPY_CHARS, rng.integers(1, 4)))
+  return out
+
+
+def copy_episodes(tokenizer, num_episodes: int, seed: int,
+                  repeat_share: float = 0.6) -> List[Trajectory]:
+  """Copy-pretraining samples in the chat format (`COPY_TAG`, the model's turns marked
+  in response_mask): `repeat_share` of them "Repeat: X" answered by X (20-60 random
+  characters of digits, operators, brackets, spaces: the dense copy signal), the rest a
+  random expression put into a calculator call, then a random number read back from
+  the tool response into <answer>."""
+  rng = np.random.default_rng(seed)
+  eos = [tokenizer.eos_token_id]
+  out = []
+  for i in range(num_episodes):
+    if rng.random() < repeat_share:
+      text = "".join(rng.choice(list("0123456789+-*/ ()"), rng.integers(20, 61)))
+      turns = [(f"<|im_start|>user\nRepeat: {text}<|im_end|>\n<|im_start|>assistant\n", text)]
+    else:
+      expression, result = _random_expression(rng), _random_number(rng)
+      call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+      ask = f"{rng.choice(_COPY_FRAMES)} {expression}{rng.choice(['.', ' =', '?', ''])}"
+      turns = [(f"<|im_start|>user\n{ask}<|im_end|>\n<|im_start|>assistant\n",
+                f"<tool_call>\n{call}\n</tool_call>"),
+               (f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\n", f"<answer>{result}</answer>")]
+    ids, mask = [], []
+    for prompt, response in turns:
+      prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+      response_ids = tokenizer.encode(response, add_special_tokens=False) + eos
+      ids += prompt_ids + response_ids
+      mask += [0] * len(prompt_ids) + [1] * len(response_ids)
+    sample = Sample(ids, mask, [-1] * len(ids), 0.0)
+    out.append(Trajectory(Ticket(0, COPY_TAG, i, 0, 0), [sample], 0.0, True, len(turns), 0,
+                          "terminated", -1))
+  return out
+
+
+def build_default_tools(out_dir: str, config_path: str, steps: int, copy_steps: int) -> str:
+  """The default model, copy pretrained (`copy_steps`), then warm started for
+  `config_path`'s tool loop (`steps`), written to `out_dir`."""
   import os
   import shutil
   import tempfile
   from rollx import config as config_lib
+  from rollx import models
   from rollx.recipes import warm_start
   config = config_lib.load_file(config_path)
-  config.pretrain, config.warm_start_steps = None, int(steps)
+  config.warm_start_steps = int(steps)
   with tempfile.TemporaryDirectory() as tmp:
-    config.output_dir = tmp
+    copied = os.path.join(tmp, "copy_pretrained")
+    shutil.copytree(models.resolve_model_dir(None), copied)
+    if copy_steps:
+      tokenizer = hf.load_tokenizer(copied)
+      # short samples (~40-130 tokens) packed into 512-token rows; small batches, many
+      # steps: the copy skill appears after a plateau of a few hundred steps
+      warm_start.warm_start(copied, steps=copy_steps, batch_size=8, learning_rate=3e-3,
+                            episodes=copy_episodes(tokenizer, copy_steps * 24, seed=config.seed),
+                            responses_only=True, sequence_length=512,
+                            log_every=max(1, copy_steps // 10))
+    config.pretrain, config.output_dir = copied, tmp
     built = warm_start.for_config(config)
     shutil.rmtree(out_dir, ignore_errors=True)
     shutil.copytree(built, out_dir)
@@ -115,7 +199,7 @@ def main(argv):
   del argv
   from absl import flags
   f = flags.FLAGS
-  print(f"wrote {build_default_tools(f.out_dir, f.config, f.steps)}")
+  print(f"wrote {build_default_tools(f.out_dir, f.config, f.steps, f.copy_steps)}")
 
 
 if __name__ == "__main__":
@@ -123,5 +207,6 @@ if __name__ == "__main__":
   from rollx.models import DEFAULT_TOOLS_MODEL_DIR
   flags.DEFINE_string("out_dir", DEFAULT_TOOLS_MODEL_DIR, "where to write the model")
   flags.DEFINE_string("config", "configs/tool_arithmetic.py", "the tool config it is for")
-  flags.DEFINE_integer("steps", 200, "warm-start steps")
+  flags.DEFINE_integer("steps", 200, "warm-start steps on the demonstrations")
+  flags.DEFINE_integer("copy_steps", 1600, "copy-pretraining steps before them")
   app.run(main)

@@ -262,13 +262,16 @@ def for_config(config) -> str:
     if entry.get("agent_loop") in ("tool", "program") and entry.get("tools"):
       episodes += tool_demos.demonstration_episodes(tokenizer, entry, n, config.seed + k,
                                                     config.sequence_length)
+      # as many copy samples beside them: demonstrations alone (2-4 positive terms) teach
+      # the calls of their own shape and wear the general copy skill down
+      episodes += tool_demos.copy_episodes(tokenizer, n, config.seed + k)
     else:
       episodes += random_valid_episodes(tokenizer, [(tag, entry, manager_args, 1.0)], n,
                                         config.seed + k, config.sequence_length)
   warm_start(tmp, steps=config.warm_start_steps, seed=config.seed, entries=entries,
              sequence_length=config.sequence_length, episodes=episodes,
              log_every=max(1, config.warm_start_steps // 4),
-             responses_only=(tool_demos.DEMO_TAG,))
+             responses_only=(tool_demos.DEMO_TAG, tool_demos.COPY_TAG))
   os.replace(tmp, target)  # whole or absent: a run killed mid-way builds it again
   return target
 

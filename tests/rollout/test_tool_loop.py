@@ -257,6 +257,52 @@ def test_tool_demonstrations_solve_other_families_through_the_real_loop(tmp_path
   assert os.listdir(tmp_path) == []
 
 
+def test_copy_pretraining_samples_copy_their_prompt_and_teach_no_task():
+  import re
+  from rollx.recipes import tool_demos
+  tok = hf.load_tokenizer(DEFAULT_MODEL_DIR)
+  episodes = tool_demos.copy_episodes(tok, 60, seed=0)
+  again = tool_demos.copy_episodes(tok, 60, seed=0)
+  assert [t.samples[0].input_ids for t in episodes] == [t.samples[0].input_ids for t in again]
+  kinds = set()
+  for t in episodes:
+    assert t.ticket.tag == tool_demos.COPY_TAG
+    (s,) = t.samples
+    text = tok.decode(s.input_ids)
+    learned = tok.decode([i for i, m in zip(s.input_ids, s.response_mask) if m])
+    asked = text.split("<|im_start|>user\n", 2)[1].split("<|im_end|>")[0]
+    # no reasoning-gym family's wording (the RL and demonstration tasks)
+    assert not asked.startswith(("Calculate", "State the final answer", "Solve the following"))
+    if asked.startswith("Repeat: "):
+      kinds.add("repeat")
+      assert learned == asked[len("Repeat: "):] + "<|im_end|>"
+      continue
+    kinds.add("call")
+    call, answer = re.fullmatch(r"<tool_call>\n(.*)\n</tool_call><\|im_end\|>"
+                                r"<answer>(.*)</answer><\|im_end\|>", learned).groups()
+    expression = json.loads(call)["arguments"]["expression"]
+    assert asked.endswith((expression, expression + ".", expression + " =", expression + "?"))
+    assert f"<tool_response>\n{answer}\n</tool_response>" in text  # read back, not computed
+  assert kinds == {"repeat", "call"}
+
+
+def test_the_tool_model_recipe_runs_both_stages(tmp_path):
+  """`python -m rollx.recipes.tool_demos` in miniature (two steps a stage): copy
+  pretraining, then the config's warm start on demonstrations and copy samples; the
+  result is an HF directory that the tool config can start from."""
+  from safetensors.numpy import load_file
+  from rollx.recipes import tool_demos
+  from tests.conftest import ROOT
+  out = tool_demos.build_default_tools(str(tmp_path / "tools"),
+                                       os.path.join(ROOT, "configs", "tool_arithmetic.py"),
+                                       steps=2, copy_steps=2)  # step 0 is warm-up (lr 0)
+  before = load_file(os.path.join(DEFAULT_MODEL_DIR, "model.safetensors"))
+  after = load_file(os.path.join(out, "model.safetensors"))
+  assert any(not np.array_equal(before[k], after[k]) for k in before)
+  assert hf.load_tokenizer(out).chat_template == hf.load_tokenizer(DEFAULT_MODEL_DIR).chat_template
+  assert sorted(os.listdir(tmp_path)) == ["tools"]  # the stages' directories are gone
+
+
 @pytest.mark.slow  # ~90 s: out of `make test`, whose 20 minutes it would nearly exhaust
 def test_two_training_steps_of_the_shipped_tool_config(tmp_path):
   """`python -m rollx.train --config=configs/tool_arithmetic.py --config.max_steps=2`, as a
