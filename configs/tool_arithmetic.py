@@ -11,8 +11,8 @@ Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
 Runtime:   ~25 s a step (2 CPU cores). The warm start is done once and shipped
            (rollx/models/default_tools; `python -m rollx.recipes.tool_demos` rebuilds it
            in ~30 min: copy pretraining, then solved demonstrations).
-Expected:  no learning yet from the default model. It has never seen a tool call, so the
-           run starts from a copy pretrained to copy text into calls and warm started on
+Expected:  a first rise from the default model, not yet a clear learning result. It
+           has never seen a tool call, so the run starts from a copy pretrained to copy text into calls and warm started on
            solved tool-use demonstrations of other task families (chain sums and
            products; rollx.recipes.tool_demos). Measured 2026-11-27 on the 64 validation
            problems, greedy (`python -m rollx.eval --config=configs/tool_arithmetic.py
@@ -20,9 +20,12 @@ Expected:  no learning yet from the default model. It has never seen a tool call
            (the warm start without copy pretraining: 21%), every answer the tool's
            result read back exactly, but no call carries the problem's expression
            verbatim (digits dropped or changed on these 3-4-term problems after the
-           ~800-token tool prompt), success 0.000. Sampled in RL (seed 1, 10 steps,
-           5 min): 1 of 32 episodes solved at step 10, the first reward signal. A real
-           run starts from an instruct model that calls tools
+           ~800-token tool prompt), success 0.000. RL from it, seed 1, 22 min on 2 cores
+           (`python -m rollx.curve --config=configs/tool_arithmetic.py --minutes=22
+           --seed=1`, 2026-11-27): validation success 0.016 at step 0, then 0.000,
+           0.016, 0.000, 0.062, 0.000 and 0.141 at step 60 (20 min), noisy; training
+           success 0.007 a step over steps 1-30, 0.036 over 31-61; one seed, not yet a
+           rise of +0.2. A real run starts from an instruct model that calls tools
            (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct).
 
 Tasks are reasoning-gym's `basic_arithmetic` with 3-4 terms of 3-4 digits: exact answers
