@@ -12,9 +12,10 @@ Runtime:   ~25 s a step (2 CPU cores). The warm start is done once and shipped
            (rollx/models/default_tools; `python -m rollx.recipes.tool_demos` rebuilds it
            in ~30 min: copy pretraining, then solved demonstrations).
 Expected:  a first rise from the default model, not yet a clear learning result. It
-           has never seen a tool call, so the run starts from a copy pretrained to copy text into calls and warm started on
-           solved tool-use demonstrations of other task families (chain sums and
-           products; rollx.recipes.tool_demos). Measured 2026-11-27 on the 64 validation
+           has never seen a tool call, so the run starts from a copy pretrained to copy
+           text into calls and warm started on solved tool-use demonstrations of other
+           task families (chain sums and products; rollx.recipes.tool_demos). Measured
+           2026-11-27 on the 64 validation
            problems, greedy (`python -m rollx.eval --config=configs/tool_arithmetic.py
            --checkpoint=rollx/models/default_tools`): 90 calls, 71% well-formed JSON
            (the warm start without copy pretraining: 21%), every answer the tool's
