@@ -9,7 +9,7 @@ template) on reasoning-gym task families *other* than the ones RL trains and val
 `basic_arithmetic`), so any gain on the RL families is RL's. The expert copies the
 problem's expression into one calculator call, then answers with the tool's result.
 
-    python -m rollx.recipes.tool_demos    # ~10-15 min on 2 CPU cores
+    python -m rollx.recipes.tool_demos    # ~30 min on 2 CPU cores
 
 rebuilds the shipped `rollx/models/default_tools/` in two stages:
 1. copy pretraining (`copy_episodes`): a pretrained LLM copies text from its context;
@@ -139,30 +139,35 @@ def copy_episodes(tokenizer, num_episodes: int, seed: int,
   characters of digits, operators, brackets, spaces: the dense copy signal), the rest a
   random expression put into a calculator call, then a random number read back from
   the tool response into <answer>."""
+  from rollx.rollout.chat import ChatTemplate
+  template = ChatTemplate(tokenizer)  # the loop's own rendering, no tool list: short rows
   rng = np.random.default_rng(seed)
   eos = [tokenizer.eos_token_id]
   out = []
   for i in range(num_episodes):
     if rng.random() < repeat_share:
       text = "".join(rng.choice(list("0123456789+-*/ ()"), rng.integers(20, 61)))
-      turns = [(f"<|im_start|>user\nRepeat: {text}<|im_end|>\n<|im_start|>assistant\n", text)]
+      ask, responses, results = f"Repeat: {text}", [text], []
     else:
       expression, result = _random_expression(rng), _random_number(rng)
       call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
       ask = f"{rng.choice(_COPY_FRAMES)} {expression}{rng.choice(['.', ' =', '?', ''])}"
-      turns = [(f"<|im_start|>user\n{ask}<|im_end|>\n<|im_start|>assistant\n",
-                f"<tool_call>\n{call}\n</tool_call>"),
-               (f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
-                "<|im_start|>assistant\n", f"<answer>{result}</answer>")]
-    ids, mask = [], []
-    for prompt, response in turns:
-      prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+      responses = [f"<tool_call>\n{call}\n</tool_call>", f"<answer>{result}</answer>"]
+      results = [[{"role": "tool", "name": "calculator", "content": result}]]
+    talk = template.conversation([{"role": "user", "content": ask}])
+    ids = talk.prompt_ids()
+    mask = [0] * len(ids)
+    for k, response in enumerate(responses):
       response_ids = tokenizer.encode(response, add_special_tokens=False) + eos
-      ids += prompt_ids + response_ids
-      mask += [0] * len(prompt_ids) + [1] * len(response_ids)
+      ids += response_ids
+      mask += [1] * len(response_ids)
+      if k < len(results):  # the template's ids up to the next response
+        follow = talk.extend(response, response_ids, results[k])
+        ids += follow
+        mask += [0] * len(follow)
     sample = Sample(ids, mask, [-1] * len(ids), 0.0)
-    out.append(Trajectory(Ticket(0, COPY_TAG, i, 0, 0), [sample], 0.0, True, len(turns), 0,
-                          "terminated", -1))
+    out.append(Trajectory(Ticket(0, COPY_TAG, i, 0, 0), [sample], 0.0, True, len(responses),
+                          0, "terminated", -1))
   return out
 
 

@@ -160,8 +160,8 @@ def loss_mask(samples, responses_only=False) -> np.ndarray:
     rows = np.full(len(samples.tags), responses_only)
   else:
     rows = np.isin(np.asarray(samples.tags, dtype=object), list(responses_only))
-  # Tool demonstrations: a few dozen answer tokens after a ~450-token constant system
-  # prompt, which would otherwise own the loss while the calls stay unlearned.
+  # Tool demonstrations: a few dozen answer tokens after a constant system prompt of
+  # several hundred tokens, which would otherwise own the loss while the calls stay unlearned.
   predicted = np.where(rows[:, None], samples.response_mask,
                        samples.segment_ids).astype(np.float32)
   predicted[:, 0] = 0.0  # each sample's first token has no prediction

@@ -94,9 +94,9 @@ def _conversations(srv, n, turns, seed, first_length, rng_base, tag="s"):
   async def go():
     client = RolloutClient([srv.address])
     rng = np.random.default_rng(seed)
-    runs = await asyncio.gather(*[conversation(client, f"{tag}{i}", rng.integers(0, 96, first_length(i)),
-                                               turns, rng=np.random.default_rng(rng_base + i))
-                                  for i in range(n)])
+    runs = await asyncio.gather(*[
+        conversation(client, f"{tag}{i}", rng.integers(0, 96, first_length(i)), turns,
+                     rng=np.random.default_rng(rng_base + i)) for i in range(n)])
     await client.close()
     return runs
   return asyncio.run(go())
@@ -207,8 +207,6 @@ def test_keep_prefix_across_updates_reuses_stale_keys_and_reports_their_age():
     # off (the default), the same update means a full prefill (the test above)
   finally:
     srv.stop()
-
-
 
 
 def _assert_exact(runs):
