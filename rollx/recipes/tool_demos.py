@@ -22,7 +22,10 @@ rebuilds the shipped `rollx/models/default_tools/` in two stages:
    stayed at ~1-2 to step ~800, then fell to 0.36 at step 960 and 0.025 at 1,600; with
    400 steps (batch 16) it never left the plateau and the calls carried made-up digits.
 2. the warm start of rollx.recipes.warm_start (loss on the model's turns) on these
-   demonstrations in configs/tool_arithmetic.py's tool loop, which starts from it.
+   demonstrations in configs/tool_arithmetic.py's tool loop, which starts from it, and
+   as many copy samples that open as that loop's episodes do (system prompt and tool
+   list, ~400 tokens): copying learned in short rows alone did not survive that prompt
+   (measured 2026-11-27: no call of the 64 validation problems carried the expression).
 Built once and shipped so that a run, and a test, need not spend the warm start's minutes.
 """
 
@@ -132,15 +135,25 @@ def _random_number(rng) -> str:
   return out
 
 
-def copy_episodes(tokenizer, num_episodes: int, seed: int,
-                  repeat_share: float = 0.6) -> List[Trajectory]:
+def copy_episodes(tokenizer, num_episodes: int, seed: int, repeat_share: float = 0.6,
+                  entry=None, sequence_length: int = 1024) -> List[Trajectory]:
   """Copy-pretraining samples in the chat format (`COPY_TAG`, the model's turns marked
   in response_mask): `repeat_share` of them "Repeat: X" answered by X (20-60 random
   characters of digits, operators, brackets, spaces: the dense copy signal), the rest a
   random expression put into a calculator call, then a random number read back from
-  the tool response into <answer>."""
-  from rollx.rollout.chat import ChatTemplate
-  template = ChatTemplate(tokenizer)  # the loop's own rendering, no tool list: short rows
+  the tool response into <answer>. Without `entry` a sample is its user message alone
+  (short rows); with a tool `entry` (a custom_envs entry) it opens as that entry's tool
+  loop opens an episode, system prompt and tool list first: a copy learned only in short
+  contexts does not survive a prompt of several hundred tokens."""
+  if entry:
+    from rollx.rollout.agent_loops import make_agent_loop
+    loop = make_agent_loop(0, COPY_TAG, dict(entry, agent_loop="tool", agent_program=""),
+                           tokenizer, None, sequence_length=sequence_length)
+    opening = loop.conversation
+  else:
+    from rollx.rollout.chat import ChatTemplate
+    template = ChatTemplate(tokenizer)  # the loop's own rendering, no tool list
+    opening = lambda ask: template.conversation([{"role": "user", "content": ask}])
   rng = np.random.default_rng(seed)
   eos = [tokenizer.eos_token_id]
   out = []
@@ -154,7 +167,7 @@ def copy_episodes(tokenizer, num_episodes: int, seed: int,
       ask = f"{rng.choice(_COPY_FRAMES)} {expression}{rng.choice(['.', ' =', '?', ''])}"
       responses = [f"<tool_call>\n{call}\n</tool_call>", f"<answer>{result}</answer>"]
       results = [[{"role": "tool", "name": "calculator", "content": result}]]
-    talk = template.conversation([{"role": "user", "content": ask}])
+    talk = opening(ask)
     ids = talk.prompt_ids()
     mask = [0] * len(ids)
     for k, response in enumerate(responses):

@@ -262,9 +262,11 @@ def for_config(config) -> str:
     if entry.get("agent_loop") in ("tool", "program") and entry.get("tools"):
       episodes += tool_demos.demonstration_episodes(tokenizer, entry, n, config.seed + k,
                                                     config.sequence_length)
-      # as many copy samples beside them: demonstrations alone (2-4 positive terms) teach
-      # the calls of their own shape and wear the general copy skill down
-      episodes += tool_demos.copy_episodes(tokenizer, n, config.seed + k)
+      # as many copy samples beside them, opening as this loop's episodes do:
+      # demonstrations alone (2-4 positive terms) teach the calls of their own shape and
+      # wear the general copy skill down
+      episodes += tool_demos.copy_episodes(tokenizer, n, config.seed + 1000 + k, entry=entry,
+                                           sequence_length=config.sequence_length)
     else:
       episodes += random_valid_episodes(tokenizer, [(tag, entry, manager_args, 1.0)], n,
                                         config.seed + k, config.sequence_length)

@@ -60,6 +60,11 @@ class ToolAgentLoop(EnvManager):
     system = self.builder.system
     self._system = [] if system is None else [{"role": "system", "content": system}]
 
+  def conversation(self, user_text: str) -> chat.Conversation:
+    """An episode's conversation as it opens: the system prompt with the tool list, then
+    `user_text` as the first user message."""
+    return self.chat.conversation(self._system + [{"role": "user", "content": user_text}])
+
   def _cut(self, content: str) -> str:
     ids = self.chat.encode(content)
     if len(ids) <= self.max_tool_tokens:
@@ -72,9 +77,7 @@ class ToolAgentLoop(EnvManager):
     obs, _ = env.reset(seed=ticket.seed)
     frames = [env.render("rgb_array")] if self.render else []
     traj_key = self.trajectory_key(ticket)
-    messages: List[Dict[str, Any]] = self._system + [
-        {"role": "user", "content": self.builder.turn_text(obs, 1, env.actions_left)}]
-    talk = self.chat.conversation(messages)
+    talk = self.conversation(self.builder.turn_text(obs, 1, env.actions_left))
     prompt = talk.prompt_ids()
     if len(prompt) >= min(self.max_prompt_length, self.sequence_length):
       raise PromptTooLongError(

@@ -257,12 +257,21 @@ def test_tool_demonstrations_solve_other_families_through_the_real_loop(tmp_path
   assert os.listdir(tmp_path) == []
 
 
-def test_copy_pretraining_samples_copy_their_prompt_and_teach_no_task():
+@pytest.mark.parametrize("in_the_loop", [False, True])
+def test_copy_pretraining_samples_copy_their_prompt_and_teach_no_task(in_the_loop):
+  """Short rows (stage 1), or rows that open as the tool config's episodes open (stage 2:
+  the system prompt and tool list ids the loop itself renders, mask 0)."""
   import re
   from rollx.recipes import tool_demos
   tok = hf.load_tokenizer(DEFAULT_MODEL_DIR)
-  episodes = tool_demos.copy_episodes(tok, 60, seed=0)
-  again = tool_demos.copy_episodes(tok, 60, seed=0)
+  entry = None
+  if in_the_loop:
+    entry = config_lib.load_file(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir,
+                                              "configs", "tool_arithmetic.py"))
+    entry = entry.custom_envs.Arithmetic.to_dict()
+    loop = agent_loops.make_agent_loop(0, "Arithmetic", entry, tok, None, sequence_length=1024)
+  episodes = tool_demos.copy_episodes(tok, 60, seed=0, entry=entry)
+  again = tool_demos.copy_episodes(tok, 60, seed=0, entry=entry)
   assert [t.samples[0].input_ids for t in episodes] == [t.samples[0].input_ids for t in again]
   kinds = set()
   for t in episodes:
@@ -271,6 +280,12 @@ def test_copy_pretraining_samples_copy_their_prompt_and_teach_no_task():
     text = tok.decode(s.input_ids)
     learned = tok.decode([i for i, m in zip(s.input_ids, s.response_mask) if m])
     asked = text.split("<|im_start|>user\n", 2)[1].split("<|im_end|>")[0]
+    if in_the_loop:
+      opening = loop.conversation(asked).prompt_ids()
+      assert s.input_ids[:len(opening)] == opening and not any(s.response_mask[:len(opening)])
+      assert text.startswith(f"<|im_start|>system\n{entry['system_prompt']}") and "<tools>" in text
+    else:
+      assert text.startswith("<|im_start|>user\n")  # no system prompt, no tool list
     # no reasoning-gym family's wording (the RL and demonstration tasks)
     assert not asked.startswith(("Calculate", "State the final answer", "Solve the following"))
     if asked.startswith("Repeat: "):
