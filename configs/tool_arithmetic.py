@@ -31,8 +31,9 @@ Expected:  the warm start solves a fifth of the problems; RL from it does not im
            24 min): 0.27, 0.33, 0.13, 0.08, 0.20, 0.22, 0.17 and 0.22 at step 70. Flat
            and noisy: the +0.2 rise is not shown. The lead: learning rate 1e-4
            (--config.actor_train.training_args.learning_rate=1e-4, 17 min): 0.27,
-           0.34, 0.30, 0.25, 0.34, 0.42, 0.36 and 0.31 at step 70, steadier and higher; not
-           yet run for 60 minutes or a second seed. A real run starts from an instruct model that calls tools
+           0.34, 0.30, 0.25, 0.34, 0.42, 0.36 and 0.31 at step 70, steadier and
+           higher; not yet run for 60 minutes or a second seed. A real run starts
+           from an instruct model that calls tools
            (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct).
 
 Tasks are reasoning-gym's `basic_arithmetic` with 3-4 terms of 3-4 digits: exact answers
