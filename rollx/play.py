@@ -69,14 +69,15 @@ def local_manager(config, tag: str, policy=None, val: bool = False, on_turn=None
   policy is the config's model decoding in this process (`policy=None`; sampling of
   actor_infer's val_generating_args with `val`, else its generating_args) or "human"."""
   tokenizer = hf.load_tokenizer(models.resolve_model_dir(config.pretrain))
+  g = config.actor_infer.val_generating_args if val else config.actor_infer.generating_args
   if policy == "human":
     policy = Human(tokenizer)
   elif policy is None:
-    g = config.actor_infer.val_generating_args if val else config.actor_infer.generating_args
     policy = LocalModel(config, g.temperature)
   manager = config.val_env_manager if val else config.train_env_manager
   return make_agent_loop(0, tag, config.custom_envs[tag].to_dict(), tokenizer, policy,
                     mode="val" if val else "train", sequence_length=config.sequence_length,
+                    max_new_tokens=g.max_new_tokens,  # a turn's cap, as in the rollouts
                     on_turn=on_turn, step_wise=manager.env_manager_type == "step",
                     history_length=manager.history_length)
 

@@ -555,6 +555,21 @@ def test_play_cli_human_and_bad_env():
   assert len([l for l in bad.stderr.splitlines() if l.strip()]) == 1
 
 
+def test_play_caps_a_turn_as_the_rollouts_do():
+  # a turn's cap: the env's max_tokens_per_step and the sampling's max_new_tokens, the
+  # train or the validation one, as the Ray env workers apply them
+  from configs import frozenlake
+  from rollx import config as config_lib, play
+  config = frozenlake.get_config()
+  config.actor_infer.generating_args.max_new_tokens = 3
+  config.actor_infer.val_generating_args.max_new_tokens = 5
+  per_step = config.custom_envs.FrozenLake.max_tokens_per_step
+  assert per_step > 5
+  config = config_lib.validate(config)
+  assert play.local_manager(config, "FrozenLake", policy="human").max_tokens == 3
+  assert play.local_manager(config, "FrozenLake", policy="human", val=True).max_tokens == 5
+
+
 def test_play_cli_with_the_local_model():
   result = subprocess.run(
       [sys.executable, "-m", "rollx.play", "--config=configs/frozenlake.py", "--env=FrozenLake",
