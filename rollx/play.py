@@ -28,11 +28,7 @@ from rollx.rollout.env_manager import EnvManager
 from rollx.rollout.types import Ticket
 from rollx.serving.client import Generation
 
-_ENV = flags.DEFINE_string("env", None, "the custom_envs tag to play, e.g. FrozenLake")
-_POLICY = flags.DEFINE_enum("policy", "model", ["model", "human"], "who answers each turn")
-_EPISODES = flags.DEFINE_integer("episodes", 1, "episodes to play")
-_SEED = flags.DEFINE_integer("seed", 0, "level seed of the first episode")
-_VAL = flags.DEFINE_bool("val", False, "use validation sampling (actor_infer.val_generating_args)")
+FLAGS = flags.FLAGS
 
 
 class LocalModel:
@@ -94,15 +90,15 @@ def main(argv: List[str]) -> None:
   if config.warm_start_steps and os.path.isfile(os.path.join(warm, "config.json")):
     config.pretrain = warm  # the model the config's training runs started from
   tags = list(config.custom_envs.keys())
-  if _ENV.value not in tags:
-    cli.fail(f"--env={_ENV.value!r} is not a custom_envs tag of this config; tags: "
+  if FLAGS.env not in tags:
+    cli.fail(f"--env={FLAGS.env!r} is not a custom_envs tag of this config; tags: "
              f"{', '.join(tags)}")
-  manager = local_manager(config, _ENV.value, "human" if _POLICY.value == "human" else None,
-                          val=_VAL.value, on_turn=print_turn)
-  for episode in range(_EPISODES.value):
-    seed = _SEED.value + episode
-    ticket = Ticket(0, _ENV.value, 0, episode, seed)
-    print(f"===== {_ENV.value} episode {episode} (seed {seed}) =====")
+  manager = local_manager(config, FLAGS.env, "human" if FLAGS.policy == "human" else None,
+                          val=FLAGS.val, on_turn=print_turn)
+  for episode in range(FLAGS.episodes):
+    seed = FLAGS.seed + episode
+    ticket = Ticket(0, FLAGS.env, 0, episode, seed)
+    print(f"===== {FLAGS.env} episode {episode} (seed {seed}) =====")
     traj = asyncio.run(manager.run_episode(ticket))
     print(f"===== score {traj.score:+.2f}, success {traj.success}, {traj.num_turns} turns, "
           f"{traj.num_invalid_actions} invalid, {traj.num_ineffective_actions} ineffective, "
@@ -110,5 +106,12 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
+  # flags only when run as a script: tests import local_manager beside rollx.eval, whose
+  # --episodes and --seed would clash
+  flags.DEFINE_string("env", None, "the custom_envs tag to play, e.g. FrozenLake")
+  flags.DEFINE_enum("policy", "model", ["model", "human"], "who answers each turn")
+  flags.DEFINE_integer("episodes", 1, "episodes to play")
+  flags.DEFINE_integer("seed", 0, "level seed of the first episode")
+  flags.DEFINE_bool("val", False, "use validation sampling (actor_infer.val_generating_args)")
   flags.mark_flag_as_required("env")
   app.run(main, flags_parser=cli.parse_flags)
