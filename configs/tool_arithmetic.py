@@ -12,7 +12,8 @@ Runtime:   ~15-30 s a step (2 CPU cores, 2026-11-28). The warm start is done onc
            (rollx/models/default_tools; `python -m rollx.recipes.tool_demos` rebuilds it
            in ~30 min: copy pretraining, then solved demonstrations).
 Expected:  greedy validation success from ~0.25 to ~0.45 within an hour: RL lifts the warm
-           start about 1.8x, not yet twice on average. Measured 2026-11-28, 2 cores
+           start about 1.8x on average over the last half hour, to 2x at its best
+           evaluations. Measured 2026-11-28, 2 cores
            (`python -m rollx.curve --config=configs/tool_arithmetic.py --minutes=60
            --seed=1`, docs/curves/tool_arithmetic_seed*.csv): seed 1 0.266 at step 0,
            first 0.531 (2x) at step 120 (28.7 min), mean 0.445 over the last 30 min
@@ -23,6 +24,10 @@ Expected:  greedy validation success from ~0.25 to ~0.45 within an hour: RL lift
            ~25-40% of calls (tool_error_rate/bad_json). With learning rate 5e-4 (shipped
            before that date) seed 1 stayed flat (0.27 at step 0, 0.14 at step 140, 31
            min; also with 8 groups a step).
+           Tools off (the command's second form, the same seeds, both runs at once on
+           the 2 cores, 60 min, steps 0-280): 0.000 at every evaluation; without its
+           calculator the warm-started model never writes an <answer> (invalid 1.000),
+           so nothing scores and nothing is learnt.
            The start: the default model has never seen a tool call, so the run starts
            from a copy pretrained to copy text into calls and warm started on solved
            tool-use demonstrations of other task families (chain sums and products;
