@@ -68,9 +68,10 @@ def test_killing_the_only_server_mid_collection_does_not_end_the_run(tmp_path):
     response = batch.response_mask > 0
     assert (batch.token_versions[response] == step).all(), step  # the current weights
   _, start, end = collected[1]
-  # the kill landed inside step 1's collection, which then waited for the restart
-  # (loading and compiling a server takes far longer than the step's episodes)
-  assert killed and start < killed[0] < end and end - killed[0] > 5, (start, killed, end)
+  # the kill landed inside step 1's collection, which then waited for the restart: a new
+  # process loading the model and its programs (4.5 s on a quiet host with the compilation
+  # cache warm, more without it) where the step's episodes alone take < 1 s
+  assert killed and start < killed[0] < end and end - killed[0] > 2, (start, killed, end)
   # a new process, which got the current weights before serving, and the next push
   assert after[1][0] != first_pid and after[1][1] == 1 and after[2] == (after[1][0], 2)
 
