@@ -32,6 +32,7 @@ instructions come from products no training instruction names (split="validation
 import os
 
 from rollx import config as rollx_config
+from rollx import models
 from rollx.rollout import prompts
 
 
@@ -51,9 +52,11 @@ def get_config():
   config.episode_reward_gamma = 0.95  # a purchase after fewer wasted clicks scores higher
   config.min_informative_groups = 0  # one rollout round a step: steps stay short on a CPU
   config.max_rollout_rounds = 1
-  # random-valid-action transcripts of WebShop pages first: the default model has never
-  # read a shop page or answered search[...] / click[...] (no reward, no task signal)
-  config.warm_start_steps = 200
+  # the tool model warm started on random-valid-action WebShop pages (no reward, no task
+  # signal), shipped: its copy pretraining lets a click carry a product id off the page
+  # (rollx.recipes.webshop_start, which rebuilds it in ~32 min)
+  config.pretrain = models.DEFAULT_WEBSHOP_MODEL_DIR
+  config.warm_start_steps = 0
   config.actor_train.training_args.per_device_train_batch_size = 16  # packed 640-token rows
   config.critic.training_args.per_device_train_batch_size = 16
   config.actor_infer.strategy_args.max_prefill_length = 1024  # a power of two (prefill buckets)
@@ -73,7 +76,11 @@ def get_config():
   env_config = dict(
       max_steps=8,  # the oracle needs <= 7 (search, open, <= 3 options, buy); WebShop: 15
       results_per_page=3,  # WebShop shows 10; 3 keeps the longest prompt short on a CPU
-      num_products=3000)
+      num_products=3000,
+      # a wasted action, as FrozenLake's: at WebShop's -0.1 the policy learnt to avoid
+      # invalid clicks (a product id miscopied) by never clicking a product, and bought
+      # nothing (a random purchase scores ~0.08 on average)
+      format_penalty=-0.01)
   config.custom_envs = {}
   config.custom_envs.WebShop = rollx_config.env_entry(
       "WebShop", env_config=dict(env_config, split="train"),

@@ -24,8 +24,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import time
 from typing import List, Optional, Sequence
 
+from absl import logging
 import ml_collections
 import ray
 
@@ -45,8 +47,25 @@ def init_ray(config: ml_collections.ConfigDict) -> bool:
   if config.get("ray_address"):  # a cluster that outlives this run: only disconnect at the end
     ray.init(address=config.ray_address, namespace="rollx", log_to_driver=False)
   else:
-    ray.init(include_dashboard=False, log_to_driver=False, namespace="rollx")
+    start_local_ray(include_dashboard=False, log_to_driver=False, namespace="rollx")
   return True
+
+
+def start_local_ray(attempts: int = 3, **init_args) -> None:
+  """`ray.init(**init_args)` of a local instance. Its node start can time out on a
+  loaded machine (Ray raises a bare Exception: "The current node timed out during
+  startup"), typically while another process's cluster starts or is torn down; a failed
+  start is cleaned up and retried."""
+  for attempt in range(attempts):
+    try:
+      ray.init(**init_args)
+      return
+    except Exception as e:  # noqa: BLE001 - the timeout is a bare Exception
+      ray.shutdown()
+      if attempt + 1 == attempts or "timed out during startup" not in str(e):
+        raise
+      logging.warning("Ray's local node did not start (%s); retrying", e)
+      time.sleep(5)
 
 
 def shutdown_ray(owned: bool) -> None:

@@ -188,6 +188,10 @@ def default_config() -> ml_collections.ConfigDict:
       # steps on random-valid-action transcripts of the train envs (no reward, no task
       # signal; rollx.recipes.warm_start), for envs the model has never read.
       warm_start_steps=0,
+      # True: that warm start's loss covers the policy's answers alone (the pages are
+      # context). Long observations with short answers (WebShop) otherwise spend the loss
+      # on predicting page text, and a product id never gets copied into a click.
+      warm_start_responses_only=False,
       # reward model HF dir: unsupported (the envs score episodes); must stay unset
       reward_pretrain=config_dict.placeholder(str),
       # -- rollout -------------------------------------------------------------

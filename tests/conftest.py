@@ -38,3 +38,25 @@ def trained_run(tmp_path_factory):
   (test_eval) and read its console (test_tracking)."""
   from tests.test_pipeline import THREE_STEPS, train
   return train(tmp_path_factory.mktemp("trained"), *THREE_STEPS)
+
+
+# `make test` runs two pytest-xdist workers (-n 2 --dist loadfile): one test's
+# single-threaded phases (XLA compilation, Python, a subprocess starting) overlap the
+# other's. A worker takes a whole file at a time, so a module's fixtures (a served model,
+# a chain of runs) are built once; the files that share `trained_run` go to one worker
+# together, so that run is made once.
+_TRAINED_RUN_FILES = ("test_pipeline.py", "test_eval.py", "test_tracking.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+  if config.getvalue("dist") != "loadfile":
+    return None  # xdist's own
+  from xdist.scheduler import LoadScopeScheduling
+
+  class ByFile(LoadScopeScheduling):
+    # (xdist's loadgroup would do this with marks, but with pytest 9.2 it ignores them)
+    def _split_scope(self, nodeid):
+      path = nodeid.split("::")[0]
+      return "trained_run" if os.path.basename(path) in _TRAINED_RUN_FILES else path
+
+  return ByFile(config, log)

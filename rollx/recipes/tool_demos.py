@@ -206,11 +206,8 @@ def build_default_tools(out_dir: str, config_path: str, steps: int, copy_steps: 
                             episodes=copy_episodes(tokenizer, copy_steps * 24, seed=config.seed),
                             responses_only=True, sequence_length=512,
                             log_every=max(1, copy_steps // 10))
-    config.pretrain, config.output_dir = copied, tmp
-    built = warm_start.for_config(config)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    shutil.copytree(built, out_dir)
-  return os.path.abspath(out_dir)
+    config.pretrain = copied
+    return warm_start.build_for_config(config, out_dir)
 
 
 def main(argv):

@@ -270,12 +270,28 @@ def for_config(config) -> str:
     else:
       episodes += random_valid_episodes(tokenizer, [(tag, entry, manager_args, 1.0)], n,
                                         config.seed + k, config.sequence_length)
+  answers_only = (tool_demos.DEMO_TAG, tool_demos.COPY_TAG)
+  if config.warm_start_responses_only:
+    answers_only += tags
   warm_start(tmp, steps=config.warm_start_steps, seed=config.seed, entries=entries,
              sequence_length=config.sequence_length, episodes=episodes,
-             log_every=max(1, config.warm_start_steps // 4),
-             responses_only=(tool_demos.DEMO_TAG, tool_demos.COPY_TAG))
+             log_every=max(1, config.warm_start_steps // 4), responses_only=answers_only)
   os.replace(tmp, target)  # whole or absent: a run killed mid-way builds it again
   return target
+
+
+def build_for_config(config, out_dir: str) -> str:
+  """`for_config`'s warm start of `config`, written to `out_dir` (a model that ships:
+  its configs then start from it with `warm_start_steps=0`)."""
+  import os
+  import shutil
+  import tempfile
+  with tempfile.TemporaryDirectory() as tmp:
+    config.output_dir = tmp
+    built = for_config(config)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.copytree(built, out_dir)
+  return os.path.abspath(out_dir)
 
 
 def format_rate(model_dir: str, entries=WARM_START_ENVS, num_prompts: int = 32,

@@ -274,6 +274,65 @@ def test_a_person_shops_with_rollx_play():
       capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   out = result.stdout
-  assert f"[action] search[{kind}]" in out and "[action] INVALID   [reward] -0.10" in out
+  # -0.01: the config's format penalty
+  assert f"[action] search[{kind}]" in out and "[action] INVALID   [reward] -0.01" in out
   assert f"[action] click[{first}]" in out and "[action] click[Buy Now]" in out
   assert "4 turns, 1 invalid" in out and "ended: terminated" in out
+
+
+def test_the_webshop_config_starts_from_the_shipped_webshop_model():
+  """configs/webshop.py starts RL from rollx/models/default_webshop, the tool model's
+  tokenizer and architecture with other weights."""
+  from safetensors.numpy import load_file
+  from rollx import config as config_lib, models
+  from tests.conftest import ROOT
+  config = config_lib.validate(config_lib.load_file(os.path.join(ROOT, "configs", "webshop.py")))
+  assert config.pretrain == models.DEFAULT_WEBSHOP_MODEL_DIR and config.warm_start_steps == 0
+  for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    with open(os.path.join(models.DEFAULT_WEBSHOP_MODEL_DIR, name)) as a, \
+         open(os.path.join(models.DEFAULT_TOOLS_MODEL_DIR, name)) as b:
+      assert a.read() == b.read(), name
+  shop = load_file(os.path.join(models.DEFAULT_WEBSHOP_MODEL_DIR, "model.safetensors"))
+  tools = load_file(os.path.join(models.DEFAULT_TOOLS_MODEL_DIR, "model.safetensors"))
+  assert shop.keys() == tools.keys() and any(not np.array_equal(shop[k], tools[k]) for k in shop)
+
+
+def test_the_webshop_start_recipe_trains_the_tool_model_on_answers_alone(tmp_path, monkeypatch):
+  """`python -m rollx.recipes.webshop_start`'s settings reach the warm start: the tool
+  model, the config's WebShop pages cut step-wise, the loss on the answers alone
+  (`warm_start_responses_only`); the training itself is stubbed here (the slow test
+  below rebuilds the shipped model)."""
+  from rollx import models
+  from rollx.recipes import warm_start, webshop_start
+  seen = {}
+
+  def fake_warm_start(model_dir, steps, **kwargs):
+    seen.update(kwargs, steps=steps, model_dir=model_dir)
+    with open(os.path.join(model_dir, "model.safetensors"), "rb") as f:
+      seen["weights"] = f.read()
+  monkeypatch.setattr(warm_start, "warm_start", fake_warm_start)
+  out = webshop_start.build(str(tmp_path / "shop"), steps=2)
+  with open(os.path.join(models.DEFAULT_TOOLS_MODEL_DIR, "model.safetensors"), "rb") as f:
+    assert seen["weights"] == f.read()  # the start is the tool model
+  assert seen["steps"] == 2 and "WebShop" in seen["responses_only"]
+  episodes = seen["episodes"]
+  assert episodes and {t.ticket.tag for t in episodes} == {"WebShop"}
+  assert all(len(t.samples) == len(t.transcript) for t in episodes)  # one sample a page
+  assert sorted(os.listdir(out)) == sorted(os.listdir(models.DEFAULT_TOOLS_MODEL_DIR))
+
+
+@pytest.mark.slow  # ~32 min on 2 cores
+def test_the_shipped_webshop_start_is_its_recipe():
+  """`rollx.recipes.webshop_start` rebuilds rollx/models/default_webshop bit for bit (on
+  the kind of CPU that built it: another one's float rounding may differ)."""
+  import tempfile
+  from safetensors.numpy import load_file
+  from rollx import models
+  from rollx.recipes import webshop_start
+  with tempfile.TemporaryDirectory() as tmp:
+    rebuilt = load_file(os.path.join(webshop_start.build(os.path.join(tmp, "shop")),
+                                     "model.safetensors"))
+  shipped = load_file(os.path.join(models.DEFAULT_WEBSHOP_MODEL_DIR, "model.safetensors"))
+  assert rebuilt.keys() == shipped.keys()
+  for k in shipped:
+    np.testing.assert_array_equal(rebuilt[k], shipped[k], err_msg=k)

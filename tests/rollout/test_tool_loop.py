@@ -318,7 +318,6 @@ def test_the_tool_model_recipe_runs_both_stages(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["tools"]  # the stages' directories are gone
 
 
-@pytest.mark.slow  # ~85-100 s: out of `make test`, whose 20 minutes it would exhaust
 def test_two_training_steps_of_the_shipped_tool_config(tmp_path):
   """`python -m rollx.train --config=configs/tool_arithmetic.py --config.max_steps=2`, as a
   user runs it (from the shipped tool-warm-started model): the servers, the tool loop with
