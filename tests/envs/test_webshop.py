@@ -274,8 +274,8 @@ def test_a_person_shops_with_rollx_play():
       capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   out = result.stdout
-  # -0.01: the config's format penalty
-  assert f"[action] search[{kind}]" in out and "[action] INVALID   [reward] -0.01" in out
+  # +0.00: the config's format penalty
+  assert f"[action] search[{kind}]" in out and "[action] INVALID   [reward] +0.00" in out
   assert f"[action] click[{first}]" in out and "[action] click[Buy Now]" in out
   assert "4 turns, 1 invalid" in out and "ended: terminated" in out
 
