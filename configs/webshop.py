@@ -8,19 +8,19 @@ Command:   python -m rollx.train --config=configs/webshop.py
            learning curve: python -m rollx.curve --config=configs/webshop.py --minutes=60
            --seed=1
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
-Runtime:   (2026-11-27, 2 CPU cores) the warm start ~7 min; ~60-100 s per RL step with
-           a second run beside it (rollout of 32 x 8 steps, ~400-token pages).
-Expected:  not shown to learn to buy yet. GiGPO and GRPO side by side, seed 1, 30 min
-           each (20 steps, 5,120 env steps; commit 61df598, whose random searches were
-           1-6 words): greedy validation on 64 unseen instructions learns the format
-           (invalid actions 0.715 -> 0.031 GiGPO at step 10, -> 0.000 GRPO at step 20;
-           score -0.572 -> -0.025 / 0.000) but never buys: every episode, training ones
-           included, ran out of actions (truncated 1.0, success 0). The policy settles on
-           actions that are always valid (search, Back to Search) before a purchase ever
-           earns reward. Reference points on the validation instructions with this
-           config's env settings (bench/webshop_env.py): a uniformly random valid action
-           each step scores a mean purchase reward of 0.082 and succeeds on 0.7%; an
-           oracle that reads the goal succeeds on 100%.
+Runtime:   (2026-11-28, 2 CPU cores) ~60-120 s per RL step with a second run beside it
+           (rollout of 32 episodes x <= 8 actions, ~400-token pages); the start is
+           shipped (rollx/models/default_webshop; its recipe takes ~32 min).
+Expected:  learns to buy, not yet what to buy. GiGPO and GRPO, seed 1, 60 min each, the
+           two runs at once on the 2 cores (58 / 56 steps, 32 episodes a step; commit
+           53c13da): training episodes that end in a purchase 9% -> 83% / 87% over the
+           last 10 steps; greedy validation on 64 unseen instructions: 0% -> 100% of the
+           episodes buy, mean reward 0.000 at step 0 -> best 0.068 (GiGPO, step 40) /
+           0.090 (GRPO, step 45), 0.030 / 0.068 at the end; validation success 0
+           throughout (3 / 2 training successes in all). A uniformly random valid action each step
+           scores a mean purchase reward of 0.082 and succeeds on 0.7% of these
+           instructions (bench/webshop_env.py); an oracle that reads the goal succeeds
+           on 100%.
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt
