@@ -75,7 +75,10 @@ RAY="$(dirname "$PY")/ray"
 
 ray_start() {
   locate
-  local only platforms tunables env=(env RAY_USAGE_STATS_ENABLED=0 "RAY_AUTH_MODE=$(get ray-auth-mode)")
+  # RAY_worker_niceness=0: the actors run at the trainer's priority, not Ray's nice 15
+  # (on busy cores a niced env worker took minutes to restart; rollx/cluster.py)
+  local only platforms tunables env=(env RAY_USAGE_STATS_ENABLED=0 RAY_worker_niceness=0
+                                     "RAY_AUTH_MODE=$(get ray-auth-mode)")
   only=$(get only)
   [[ -z "$only" || "$only" == head || "$only" == workers ]] || die "--only must be head or workers"
   platforms=$(get actor-platforms)

@@ -55,7 +55,16 @@ def start_local_ray(attempts: int = 3, **init_args) -> None:
   """`ray.init(**init_args)` of a local instance. Its node start can time out on a
   loaded machine (Ray raises a bare Exception: "The current node timed out during
   startup"), typically while another process's cluster starts or is torn down; a failed
-  start is cleaned up and retried."""
+  start is cleaned up and retried.
+
+  Its workers run at the trainer's priority: Ray starts workers at nice 15, and on a
+  host whose cores the trainer keeps busy (a CPU run, or a test beside another) such a
+  worker gets a few percent of a core: with two busy processes on 2 cores, env workers
+  took 100 s to start and a killed one was still restarting 90 s later (at nice 0 the
+  whole kill-and-recover test takes 17-20 s there)."""
+  system_config = dict(init_args.pop("_system_config", None) or {})
+  system_config.setdefault("worker_niceness", 0)
+  init_args["_system_config"] = system_config
   for attempt in range(attempts):
     try:
       ray.init(**init_args)

@@ -1,5 +1,5 @@
 """rollx.cluster's local Ray start: a node start that times out is retried, any other
-failure is not."""
+failure is not; its workers run at the caller's priority."""
 
 import pytest
 import ray
@@ -22,7 +22,8 @@ def test_a_local_node_start_that_times_out_is_retried(monkeypatch):
   monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
   monkeypatch.setattr(ray, "init", init_failing(timeout))
   cluster.start_local_ray(num_cpus=2)
-  assert calls == [{"num_cpus": 2}] * 2 and shutdowns == [1]
+  niced = {"num_cpus": 2, "_system_config": {"worker_niceness": 0}}
+  assert calls == [niced] * 2 and shutdowns == [1]
 
   calls.clear()
   monkeypatch.setattr(ray, "init", init_failing(ValueError("bad runtime_env")))
@@ -36,3 +37,8 @@ def test_a_local_node_start_that_times_out_is_retried(monkeypatch):
   with pytest.raises(Exception, match=r"\(third\)"):
     cluster.start_local_ray(num_cpus=2)
   assert len(calls) == 3
+
+  calls.clear()
+  monkeypatch.setattr(ray, "init", init_failing())
+  cluster.start_local_ray(_system_config={"object_timeout_milliseconds": 5, "worker_niceness": 3})
+  assert calls == [{"_system_config": {"object_timeout_milliseconds": 5, "worker_niceness": 3}}]

@@ -241,13 +241,13 @@ def test_node_train_sets_the_multihost_environment():
 def test_node_ray_start_head_or_worker():
   [head] = dry("node.sh", "ray-start", "--index=0", "--num-hosts=2", "--head-address=10.1.0.5",
                "--", "--num-cpus=8")
-  assert head[:4] == ["env", "RAY_USAGE_STATS_ENABLED=0", "RAY_AUTH_MODE=token",
-                      "JAX_PLATFORMS=cpu"]
+  assert head[:5] == ["env", "RAY_USAGE_STATS_ENABLED=0", "RAY_worker_niceness=0",
+                      "RAY_AUTH_MODE=token", "JAX_PLATFORMS=cpu"]
   # the actors are the raylet's children: the malloc tuning rides on `ray start`
   tuned = hostmem.tuned_environ()  # the environment `dry` hands the script
   tunables = [f"GLIBC_TUNABLES={tuned['GLIBC_TUNABLES']}"] if tuned else []
-  assert head[4:4 + len(tunables)] == tunables
-  assert head[4 + len(tunables):7 + len(tunables)] == [".venv/bin/ray", "start", "--head"]
+  assert head[5:5 + len(tunables)] == tunables
+  assert head[5 + len(tunables):8 + len(tunables)] == [".venv/bin/ray", "start", "--head"]
   assert option(head, "--port") == "6379" and option(head, "--node-ip-address") == "10.1.0.5"
   assert option(head, "--resources") == '{"rollx_head": 1}' and head[-1] == "--num-cpus=8"
   [worker] = dry("node.sh", "ray-start", *NODE, "--worker-resources={\"rollx_env\": 4}")

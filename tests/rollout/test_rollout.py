@@ -361,6 +361,17 @@ def ray_cluster():
   ray.shutdown()
 
 
+def test_env_workers_run_at_the_trainers_priority(policy_dir, server, ray_cluster):
+  # Ray's default nice 15 starved them on busy cores (a restart took minutes)
+  config = make_config(policy_dir, num_env_groups=1, group_size=2, tags=("FrozenLake",))
+  rollout = start_rollout(config, "train_env_manager", [server.address])
+  try:
+    niceness = ray.get(rollout.workers[0].__ray_call__.remote(lambda worker: os.nice(0)))
+    assert niceness == os.nice(0)
+  finally:
+    rollout.stop()
+
+
 def test_ray_batches_are_whole_groups_on_shared_levels_with_the_tag_partition(
     policy_dir, server, ray_cluster):
   config = make_config(policy_dir, num_groups_partition=(3, 1))
