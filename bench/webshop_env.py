@@ -7,9 +7,10 @@ Prints, on the synthetic catalog (3,000 products) and its validation instruction
 WebShop's 10 results a page and 15 actions, then configs/webshop.py's 3 and 8:
 - env steps/s of the env alone under a uniformly random valid-action policy (search
   pages, result pages, item pages, purchases);
-- the mean reward and success of that random policy and of an oracle that reads the
-  goal (envs.webshop.oracle_response): the floor and the ceiling a learning curve sits
-  between;
+- the mean reward and success of that random policy, of a policy that copies words
+  without knowing which matter (`copy_response`), and of an oracle that reads the goal
+  (envs.webshop.oracle_response): the floor, a first rung and the ceiling of a
+  learning curve;
 - search queries/s through the BM25 index (bm25s) vs the same BM25 scoring as a plain
   Python scan over every product, in the same process: the ratio is the index's gain.
 """
@@ -30,12 +31,34 @@ import envs  # noqa: E402
 from envs import webshop  # noqa: E402
 
 
+def copy_response(env, rng):
+  """What a policy that only copies words can do, without knowing which matter: search
+  three consecutive words among the instruction's first eight, open the first result,
+  choose each option whose value the instruction names, buy."""
+  if env.page == "search":
+    words = env.goal.instruction.split()
+    start = int(rng.integers(0, 5))
+    return f"<answer>search[{' '.join(words[start:start + 3])}]</answer>"
+  if env.page == "results":
+    page = env._page_asins()
+    return f"<answer>click[{page[0] if page else webshop.BACK_TO_SEARCH}]</answer>"
+  if env.page == "item":
+    instruction = f" {re.sub(r'[^a-z0-9. ]', ' ', env.goal.instruction.lower())} "
+    for group, values in env.product.options.items():
+      named = [v for v in values if f" {v.lower()} " in instruction]
+      if group not in env.chosen and named:
+        return f"<answer>click[{named[0]}]</answer>"
+    return f"<answer>click[{webshop.BUY_NOW}]</answer>"
+  return f"<answer>click[{webshop.PREV_PAGE}]</answer>"
+
+
 def play(env, policy, episodes, rng):
   rewards, successes, steps = [], [], 0
   for seed in range(episodes):
     env.reset(seed=seed)
     while True:
       response = (webshop.oracle_response(env) if policy == "oracle"
+                  else copy_response(env, rng) if policy == "copy"
                   else env.sample_valid_response(rng))
       _, reward, terminated, truncated, info = env.step(response)
       steps += 1
@@ -90,6 +113,9 @@ def main():
     name = f"{env.config.results_per_page} results a page, {env.config.max_steps} actions"
     print(f"[{name}] random valid actions: {rate:,.0f} env steps/s (search included), mean "
           f"reward {reward:.3f}, success {success:.3f} over {args.episodes} validation episodes")
+    reward, success, _ = play(env, "copy", args.episodes, rng)
+    print(f"[{name}] copying words (3 of the instruction's first 8 searched, first result, "
+          f"the options it names): mean reward {reward:.3f}, success {success:.3f}")
     reward, success, _ = play(env, "oracle", args.episodes, rng)
     print(f"[{name}] oracle: mean reward {reward:.3f}, success {success:.3f}")
   queries = [g.instruction for g in env.catalog.validation_goals][:max(args.episodes // 4, 20)]

@@ -17,10 +17,16 @@ Expected:  learns to buy, not yet what to buy. GiGPO and GRPO, seed 1, 60 min ea
            last 10 steps; greedy validation on 64 unseen instructions: 0% -> 100% of the
            episodes buy, mean reward 0.000 at step 0 -> best 0.068 (GiGPO, step 40) /
            0.090 (GRPO, step 45), 0.030 / 0.068 at the end; validation success 0
-           throughout (3 / 2 training successes in all). A uniformly random valid action each step
-           scores a mean purchase reward of 0.082 and succeeds on 0.7% of these
-           instructions (bench/webshop_env.py); an oracle that reads the goal succeeds
-           on 100%.
+           throughout (3 / 2 training successes in all). On these instructions
+           (bench/webshop_env.py) a uniformly random valid action each step scores a
+           mean purchase reward of 0.044 and succeeds on 0.1%; copying words without
+           knowing which matter (three of the instruction's first eight searched, the
+           first result opened, the options the instruction names chosen) scores
+           0.426 and succeeds on 9.4%; an oracle that reads the goal succeeds on 100%.
+           Why the reward stays low: the greedy policy searches one fixed query for
+           every instruction (`search[color:e,]` at the end of a GiGPO run at
+           learning rate 1e-3, which plateaus the same way: best 0.068 GiGPO / 0.073
+           GRPO, 2026-11-28), opens a result and buys.
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt
