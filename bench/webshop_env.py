@@ -37,7 +37,7 @@ def copy_response(env, rng):
   choose each option whose value the instruction names, buy."""
   if env.page == "search":
     words = env.goal.instruction.split()
-    start = int(rng.integers(0, 5))
+    start = int(rng.integers(0, 6))  # the last start whose three words are among the first 8
     return f"<answer>search[{' '.join(words[start:start + 3])}]</answer>"
   if env.page == "results":
     page = env._page_asins()

@@ -22,7 +22,7 @@ Expected:  learns to buy, not yet what to buy. GiGPO and GRPO, seed 1, 60 min ea
            mean purchase reward of 0.044 and succeeds on 0.1%; copying words without
            knowing which matter (three of the instruction's first eight searched, the
            first result opened, the options the instruction names chosen) scores
-           0.426 and succeeds on 9.4%; an oracle that reads the goal succeeds on 100%.
+           0.472 and succeeds on 13.0%; an oracle that reads the goal succeeds on 100%.
            Why the reward stays low: the greedy policy searches one fixed query for
            every instruction (`search[color:e,]` at the end of a GiGPO run at
            learning rate 1e-3, which plateaus the same way: best 0.068 GiGPO / 0.073
