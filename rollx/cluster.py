@@ -51,11 +51,15 @@ def init_ray(config: ml_collections.ConfigDict) -> bool:
   return True
 
 
+# How Ray says that its local node's start timed out (a bare Exception, or a RuntimeError
+# naming the GCS port file a process did not write in time).
+_NODE_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
+
+
 def start_local_ray(attempts: int = 3, **init_args) -> None:
   """`ray.init(**init_args)` of a local instance. Its node start can time out on a
-  loaded machine (Ray raises a bare Exception: "The current node timed out during
-  startup"), typically while another process's cluster starts or is torn down; a failed
-  start is cleaned up and retried.
+  loaded machine, typically while another process's cluster starts or is torn down; a
+  failed start is cleaned up and retried.
 
   Its workers run at the trainer's priority: Ray starts workers at nice 15, and on a
   host whose cores the trainer keeps busy (a CPU run, or a test beside another) such a
@@ -71,7 +75,7 @@ def start_local_ray(attempts: int = 3, **init_args) -> None:
       return
     except Exception as e:  # noqa: BLE001 - the timeout is a bare Exception
       ray.shutdown()
-      if attempt + 1 == attempts or "timed out during startup" not in str(e):
+      if attempt + 1 == attempts or not any(m in str(e) for m in _NODE_START_TIMEOUTS):
         raise
       logging.warning("Ray's local node did not start (%s); retrying", e)
       time.sleep(5)
@@ -277,14 +281,42 @@ class Rollout:
   config_ref: object = None
 
   def get_batch(self, batch_size: int):
+    pending = self.scheduler.get_batch.remote(batch_size)
     try:
-      batch = ray.get(self.scheduler.get_batch.remote(batch_size))
+      while not ray.wait([pending], timeout=WORKER_CHECK_S)[0]:
+        self.check_workers()
+      batch = ray.get(pending)
     except ray.exceptions.RayTaskError as e:
       if isinstance(e.cause, RolloutError):  # the message, not Ray's traceback around it
         raise RolloutError(str(e.cause)) from None
       raise
     # Multi-host: every JAX process trains on this batch; see FollowerRollout.
     return distributed.broadcast_object(batch)
+
+  def check_workers(self) -> None:
+    """Raises RolloutError when an env worker is gone for good (Ray restarts a killed one;
+    one whose constructor fails, or that was killed for good, is not): its envs' tickets
+    would stay outstanding and the batch never complete. A worker that is restarting, or
+    too busy to answer in time, is left to carry on."""
+    checks = [w.status.remote() for w in self.workers]
+    for index, check in enumerate(checks):
+      where = f"env worker {index} (env ids {self.env_ids_per_worker[index]})"
+      # a call the worker died under fails as ActorDiedError even when Ray restarts it;
+      # a call to a worker that is dead for good fails so again at once
+      for attempt in range(2):
+        try:
+          ray.get(check, timeout=WORKER_CHECK_S)
+          break
+        except ray.exceptions.ActorDiedError as e:
+          if attempt:
+            raise RolloutError(f"{where} is dead and will not restart: {_first_line(e)}") \
+                from None
+          check = self.workers[index].status.remote()
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+          break  # restarting, or busy
+        except ray.exceptions.RayTaskError as e:  # one of its env loops crashed
+          raise RolloutError(f"{where}: an env loop stopped: {type(e.cause).__name__}: "
+                             f"{e.cause}") from None
 
   def set_version(self, version: int) -> None:
     ray.get(self.scheduler.set_version.remote(version))
@@ -301,6 +333,15 @@ class Rollout:
     for w in self.workers:
       ray.kill(w, no_restart=True)
     ray.kill(self.scheduler)
+
+
+# How often a trainer waiting for a batch checks that every env worker is still there.
+WORKER_CHECK_S = 30.0
+
+
+def _first_line(error: Exception) -> str:
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+  return lines[-1] if lines else type(error).__name__
 
 
 class FollowerRollout:

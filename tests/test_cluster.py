@@ -25,6 +25,12 @@ def test_a_local_node_start_that_times_out_is_retried(monkeypatch):
   niced = {"num_cpus": 2, "_system_config": {"worker_niceness": 0}}
   assert calls == [niced] * 2 and shutdowns == [1]
 
+  calls.clear()  # the other way Ray says it: a port file not written in time
+  monkeypatch.setattr(ray, "init", init_failing(RuntimeError(
+      "Timed out waiting for file /tmp/ray/session_x/gcs_server_port_0e72")))
+  cluster.start_local_ray(num_cpus=2)
+  assert len(calls) == 2
+
   calls.clear()
   monkeypatch.setattr(ray, "init", init_failing(ValueError("bad runtime_env")))
   with pytest.raises(ValueError, match="bad runtime_env"):

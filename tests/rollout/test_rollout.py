@@ -26,14 +26,16 @@ from rollx.models import hf
 from rollx.recipes import scripted
 from rollx.rollout import prompts
 from rollx.rollout.env_manager import EnvManager
+from rollx import cluster
 from rollx.cluster import start_rollout
+from rollx.errors import RolloutError
 from rollx.rollout.env_worker import manager_kwargs
 from rollx.rollout.render import save_episode_frames
 from rollx.rollout.scheduler import RolloutScheduler, env_layout, episode_metrics
 from rollx.rollout.types import Sample, Ticket, Trajectory, collate
 from rollx.serving.client import RolloutClient
 from tests.conftest import ROOT
-from tests.ray_utils import start_local_ray
+from tests.ray_utils import get_while_progressing, start_local_ray
 
 
 @pytest.fixture(scope="module")
@@ -435,14 +437,35 @@ def test_killing_an_env_worker_mid_collection_still_gives_a_full_unique_batch(
     pending = rollout.scheduler.get_batch.remote(12)
     time.sleep(0.3)
     ray.kill(victim, no_restart=False)
-    batch, metrics = ray.get(pending, timeout=300)
+    batch, metrics = get_while_progressing(pending, rollout)
     assert len(batch) == 12
     keys = [(t.ticket.env_id, t.ticket.generation) for t in batch.trajectories]
     assert len(set(keys)) == 12
     assert sorted(collections.Counter(batch.group_ids).values()) == [3, 3, 3, 3]
     assert ray.get(victim.pid.remote(), timeout=120) != pid  # restarted by Ray
-    batch, _ = rollout.get_batch(12)  # and the restarted worker keeps serving
+    # and the restarted worker keeps serving
+    batch, _ = get_while_progressing(rollout.scheduler.get_batch.remote(12), rollout)
     assert len(batch) == 12
+  finally:
+    rollout.stop()
+
+
+def test_an_env_worker_dead_for_good_ends_get_batch_with_an_error_naming_it(
+    policy_dir, server, ray_cluster, monkeypatch):
+  # its envs' tickets would stay outstanding: without the check the batch waits forever
+  monkeypatch.setattr(cluster, "WORKER_CHECK_S", 1.0)
+  config = make_config(policy_dir, num_env_groups=2, group_size=3, tags=("FrozenLake",),
+                       max_env_num_per_worker=3)
+  config.rollout_batch_size = 6
+  rollout = start_rollout(config, "train_env_manager", [server.address])
+  try:
+    rollout.get_batch(6)
+    ray.kill(rollout.workers[1], no_restart=True)
+    start = time.monotonic()
+    with pytest.raises(RolloutError, match=re.escape("env worker 1 (env ids [3, 4, 5]) is "
+                                                     "dead and will not restart")):
+      rollout.get_batch(6)
+    assert time.monotonic() - start < 60
   finally:
     rollout.stop()
 
