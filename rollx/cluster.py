@@ -257,13 +257,19 @@ class _SchedulerLink:
 
 class EnvWorkerActor(EnvWorker):
   """An EnvWorker in a Ray actor: it reaches the scheduler actor through its handle and
-  starts its loops as soon as it is up, including after a restart by Ray."""
+  starts its loops as soon as it is up (a call to itself from its constructor), including
+  after a restart by Ray. A trainer waiting for a batch also makes sure they run
+  (Rollout.check_workers): a restarted worker whose start call failed was seen alive with
+  no loop running, its envs' episodes outstanding and the batch waiting for them."""
 
   def __init__(self, config_dict: dict, manager: str, env_ids: Sequence[int], scheduler,
                server_addresses: Sequence[str], render_env_ids: Sequence[int] = ()):
     super().__init__(ml_collections.ConfigDict(config_dict), manager, env_ids,
                      _SchedulerLink(scheduler), server_addresses, render_env_ids)
-    ray.get_runtime_context().current_actor.start.remote()
+    # A restarted actor's call to itself can reach it while Ray still marks it restarting
+    # (its constructor has not returned): Ray fails such a call (ACTOR_UNAVAILABLE) unless
+    # it may be retried. start is idempotent.
+    ray.get_runtime_context().current_actor.start.options(max_task_retries=-1).remote()
 
   def pid(self) -> int:
     import os
@@ -294,29 +300,37 @@ class Rollout:
     return distributed.broadcast_object(batch)
 
   def check_workers(self) -> None:
-    """Raises RolloutError when an env worker is gone for good (Ray restarts a killed one;
-    one whose constructor fails, or that was killed for good, is not): its envs' tickets
-    would stay outstanding and the batch never complete. A worker that is restarting, or
-    too busy to answer in time, is left to carry on."""
-    checks = [w.status.remote() for w in self.workers]
-    for index, check in enumerate(checks):
-      where = f"env worker {index} (env ids {self.env_ids_per_worker[index]})"
-      # a call the worker died under fails as ActorDiedError even when Ray restarts it;
-      # a call to a worker that is dead for good fails so again at once
-      for attempt in range(2):
+    """Starts the env loops of a worker whose loops are not running (never started, or
+    ended cancelled: EnvWorker.start), and raises RolloutError when an env worker is gone
+    for good (Ray restarts a killed one; one whose constructor fails, or that was killed
+    for good, is not): either way its envs' tickets would stay outstanding and the batch
+    never complete. A worker that is restarting, or too busy to answer in time, is left
+    to carry on."""
+    checks = {w.ensure_running.remote(): i for i, w in enumerate(self.workers)}
+    for attempt in range(2):
+      # one wait for all: the ones not back in time are restarting or busy
+      ready, _ = ray.wait(list(checks), num_returns=len(checks), timeout=WORKER_CHECK_S)
+      again = {}
+      for check in ready:
+        index = checks[check]
+        where = f"env worker {index} (env ids {self.env_ids_per_worker[index]})"
         try:
-          ray.get(check, timeout=WORKER_CHECK_S)
-          break
+          ray.get(check)
         except ray.exceptions.ActorDiedError as e:
+          # a call the worker died under fails so even when Ray restarts it; a call to a
+          # worker that is dead for good fails so again at once
           if attempt:
             raise RolloutError(f"{where} is dead and will not restart: {_first_line(e)}") \
                 from None
-          check = self.workers[index].status.remote()
-        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
-          break  # restarting, or busy
+          again[self.workers[index].ensure_running.remote()] = index
+        except ray.exceptions.ActorUnavailableError:
+          pass  # restarting
         except ray.exceptions.RayTaskError as e:  # one of its env loops crashed
           raise RolloutError(f"{where}: an env loop stopped: {type(e.cause).__name__}: "
                              f"{e.cause}") from None
+      if not again:
+        return
+      checks = again
 
   def set_version(self, version: int) -> None:
     ray.get(self.scheduler.set_version.remote(version))
@@ -335,8 +349,9 @@ class Rollout:
     ray.kill(self.scheduler)
 
 
-# How often a trainer waiting for a batch checks that every env worker is still there.
-WORKER_CHECK_S = 30.0
+# How often a trainer waiting for a batch checks that every env worker is there and
+# running its loops: loops that stopped cost a batch at most this long.
+WORKER_CHECK_S = 10.0
 
 
 def _first_line(error: Exception) -> str:

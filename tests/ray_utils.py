@@ -55,10 +55,12 @@ def rollout_diagnostics(rollout, log_lines: int = 15) -> str:
   return "\n".join(out)
 
 
-def get_while_progressing(ref, rollout, stall_s: float = 240, limit_s: float = 600):
-  """ray.get(ref) of a rollout's batch, failing with `rollout_diagnostics` once nothing has
-  moved for `stall_s` (no trajectory in, no env worker changing state: a hang) or after
-  `limit_s` in all. A loaded CI host may be slow; a stuck rollout does not move."""
+def get_while_progressing(get, rollout, stall_s: float = 240, limit_s: float = 600):
+  """`get()` (a rollout's get_batch) run in a thread, failing with `rollout_diagnostics`
+  once nothing has moved for `stall_s` (no trajectory in, no env worker changing state: a
+  hang) or after `limit_s` in all. A loaded CI host may be slow; a stuck rollout does not
+  move."""
+  import concurrent.futures
   import time
 
   import ray
@@ -72,17 +74,23 @@ def get_while_progressing(ref, rollout, stall_s: float = 240, limit_s: float = 6
                      for a in state.actors().values() if a["ActorID"] in ids)
     return counters, workers
 
-  start = last_move = time.monotonic()
-  seen = progress()
-  while True:
-    ready, _ = ray.wait([ref], timeout=10)
-    if ready:
-      return ray.get(ref)
-    now = time.monotonic()
-    latest = progress()
-    if latest != seen:
-      seen, last_move = latest, now
-    if now - last_move > stall_s or now - start > limit_s:
-      raise AssertionError(
-          f"no batch {now - start:.0f} s after asking, nothing moved for {now - last_move:.0f} s:"
-          f"\n{rollout_diagnostics(rollout)}")
+  pool = concurrent.futures.ThreadPoolExecutor(1)
+  try:
+    future = pool.submit(get)
+    start = last_move = time.monotonic()
+    seen = progress()
+    while True:
+      try:
+        return future.result(timeout=10)
+      except concurrent.futures.TimeoutError:
+        pass
+      now = time.monotonic()
+      latest = progress()
+      if latest != seen:
+        seen, last_move = latest, now
+      if now - last_move > stall_s or now - start > limit_s:
+        raise AssertionError(
+            f"no batch {now - start:.0f} s after asking, nothing moved for "
+            f"{now - last_move:.0f} s:\n{rollout_diagnostics(rollout)}")
+  finally:
+    pool.shutdown(wait=False)

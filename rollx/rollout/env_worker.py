@@ -10,6 +10,7 @@ in a Ray actor is rollx.cluster's business.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Dict, List, Sequence
 
 import ml_collections
@@ -58,15 +59,31 @@ class EnvWorker:
                         end_trajectory=self.client.end_trajectory, **kwargs)
         for i in env_ids]
     self._tasks: List[asyncio.Task] = []
+    self.restarted_loops = 0
 
   async def start(self) -> int:
+    """Starts the env loops; again, restarts a loop that ended cancelled (nothing in the
+    worker cancels one: a CancelledError that leaked out of a library call), whose env
+    would otherwise never play again. A loop that raised stays ended: `status` raises it."""
     if not self._tasks:
       self._tasks = [asyncio.ensure_future(m.run_rollout_loop(self.link)) for m in self.managers]
+    for i, task in enumerate(self._tasks):
+      if task.cancelled():
+        logging.warning("env %d's rollout loop ended cancelled; restarting it",
+                        self.managers[i].env_id)
+        self.restarted_loops += 1
+        self._tasks[i] = asyncio.ensure_future(self.managers[i].run_rollout_loop(self.link))
     return len(self._tasks)
+
+  async def ensure_running(self) -> Dict[str, int]:
+    """Starts the loops if they are not running yet, then `status`."""
+    await self.start()
+    return await self.status()
 
   async def status(self) -> Dict[str, int]:
     failed = [t for t in self._tasks if t.done() and not t.cancelled() and t.exception()]
     if failed:
       raise failed[0].exception()
     return {"envs": len(self.managers), "running": sum(not t.done() for t in self._tasks),
-            "env_errors": sum(m.num_env_errors for m in self.managers)}
+            "env_errors": sum(m.num_env_errors for m in self.managers),
+            "restarted_loops": self.restarted_loops}

@@ -114,12 +114,14 @@ class RolloutClient:
         except grpc.aio.AioRpcError:
           self._drop_channel(s)
 
-  @staticmethod
-  def _drop_channel(s: _Server) -> None:
+  def _drop_channel(self, s: _Server) -> None:
     """The next call opens a fresh channel: a channel that failed to connect waits out
-    gRPC's reconnect backoff (growing to minutes) before it tries a restarted server."""
+    gRPC's reconnect backoff (growing to minutes) before it tries a restarted server.
+    The old one closes once the calls still on it end (each within timeout_s): closed at
+    once, it would cancel them, and a caller sees asyncio.CancelledError, which an env
+    loop takes for its own cancellation and ends."""
     if s.channel is not None and s.loop is asyncio.get_running_loop():
-      asyncio.ensure_future(s.channel.close())
+      asyncio.ensure_future(s.channel.close(grace=self.timeout_s))
     s.channel = s.stub = None
 
   async def _pick_or_wait(self, trajectory_id: Optional[str]) -> int:
@@ -202,6 +204,12 @@ class RolloutClient:
         async for response in call:
           tokens.extend(response.stream_content.samples[0].token_ids)
         trailing = dict(await call.trailing_metadata() or ())
+      except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():  # the caller's own cancellation
+          raise
+        # the call, not the caller, was cancelled (its channel closed under it): retried
+        self.num_retries += 1
+        continue
       except grpc.aio.AioRpcError as e:
         code = e.code()
         if code == grpc.StatusCode.INVALID_ARGUMENT:

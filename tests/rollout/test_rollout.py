@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -434,17 +435,15 @@ def test_killing_an_env_worker_mid_collection_still_gives_a_full_unique_batch(
     rollout.get_batch(12)  # everything is up
     victim = rollout.workers[0]
     pid = ray.get(victim.pid.remote())
-    pending = rollout.scheduler.get_batch.remote(12)
-    time.sleep(0.3)
-    ray.kill(victim, no_restart=False)
-    batch, metrics = get_while_progressing(pending, rollout)
+    threading.Timer(0.3, lambda: ray.kill(victim, no_restart=False)).start()
+    batch, metrics = get_while_progressing(lambda: rollout.get_batch(12), rollout)
     assert len(batch) == 12
     keys = [(t.ticket.env_id, t.ticket.generation) for t in batch.trajectories]
     assert len(set(keys)) == 12
     assert sorted(collections.Counter(batch.group_ids).values()) == [3, 3, 3, 3]
     assert ray.get(victim.pid.remote(), timeout=120) != pid  # restarted by Ray
     # and the restarted worker keeps serving
-    batch, _ = get_while_progressing(rollout.scheduler.get_batch.remote(12), rollout)
+    batch, _ = get_while_progressing(lambda: rollout.get_batch(12), rollout)
     assert len(batch) == 12
   finally:
     rollout.stop()
@@ -466,6 +465,40 @@ def test_an_env_worker_dead_for_good_ends_get_batch_with_an_error_naming_it(
                                                      "dead and will not restart")):
       rollout.get_batch(6)
     assert time.monotonic() - start < 60
+  finally:
+    rollout.stop()
+
+
+@pytest.mark.parametrize("how", ["never_started", "ended_cancelled"])
+def test_a_worker_whose_loops_do_not_run_is_started_by_the_trainer_waiting_for_a_batch(
+    policy_dir, server, ray_cluster, monkeypatch, how):
+  # never_started: a restarted worker whose constructor's call to start was lost;
+  # ended_cancelled: loops that a CancelledError from a library call ended
+  monkeypatch.setattr(cluster, "WORKER_CHECK_S", 1.0)
+  config = make_config(policy_dir, num_env_groups=2, group_size=3, tags=("FrozenLake",),
+                       max_env_num_per_worker=3)
+  config.rollout_batch_size = 6
+  rollout = start_rollout(config, "train_env_manager", [server.address])
+  try:
+    rollout.get_batch(6)
+
+    def stop_loops(worker):
+      for task in worker._tasks:
+        task.get_loop().call_soon_threadsafe(task.cancel)
+      if how == "never_started":
+        worker._tasks = []
+
+    ray.get(rollout.workers[0].__ray_call__.remote(stop_loops))
+    deadline = time.time() + 30
+    while ray.get(rollout.workers[0].status.remote())["running"]:
+      assert time.time() < deadline
+      time.sleep(0.1)
+    batch, _ = get_while_progressing(lambda: rollout.get_batch(6), rollout, stall_s=60)
+    assert len(batch) == 6
+    assert sorted(collections.Counter(batch.group_ids).values()) == [3, 3]
+    status = ray.get(rollout.workers[0].status.remote())
+    assert status["running"] == 3
+    assert status["restarted_loops"] == (3 if how == "ended_cancelled" else 0)
   finally:
     rollout.stop()
 
@@ -497,7 +530,7 @@ def test_killing_an_env_worker_between_batches_still_gives_full_unique_batches(
     time.sleep(0.5)
     seen = set()
     for _ in range(2):
-      batch, _ = ray.get(rollout.scheduler.get_batch.remote(6), timeout=120)
+      batch, _ = get_while_progressing(lambda: rollout.get_batch(6), rollout)
       keys = {(t.ticket.env_id, t.ticket.generation) for t in batch.trajectories}
       assert len(batch) == 6 and len(keys) == 6 and not keys & seen
       assert sorted(collections.Counter(batch.group_ids).values()) == [3, 3]

@@ -19,6 +19,8 @@ from rollx.models import llm
 from rollx.serving.client import InvalidRequestError, NoServerAliveError, RolloutClient
 from rollx.serving.engine import RollxEngine, Sampling, sample_tokens
 from rollx.serving.batching import GenerateLoop
+from rollx.serving import REQUEST_ID_KEY
+from rollx.serving import server as server_lib
 from rollx.serving.server import RolloutServer
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
 from tests.conftest import ROOT
@@ -255,6 +257,51 @@ def test_a_cancelled_request_frees_its_slot():
     while srv.generate_loop.requests() and time.time() < deadline:
       time.sleep(0.01)
     assert not srv.generate_loop.requests() and engine.num_steps < 500
+  finally:
+    srv.stop()
+
+
+@pytest.mark.parametrize("channel_close", ["with_grace", "at_once"])
+def test_a_failed_call_leaves_the_other_calls_on_its_channel_running(monkeypatch,
+                                                                     channel_close):
+  # A call that fails with a server-failure code makes the client drop that server's
+  # channel; closed at once, the calls still on it were cancelled, and their callers (env
+  # loops) saw asyncio.CancelledError and ended. The client closes it with a grace period
+  # (with_grace), and retries a call cancelled under it (at_once: a channel closed at
+  # once all the same). The failure is injected into the real server's Decode for one
+  # request id.
+  if channel_close == "at_once":
+    def drop_channel(self, s):
+      asyncio.ensure_future(s.channel.close())
+      s.channel = s.stub = None
+    monkeypatch.setattr(RolloutClient, "_drop_channel", drop_channel)
+  original = server_lib.RollxOrchestrator.Decode
+
+  async def decode(self, request, context):
+    if dict(context.invocation_metadata()).get(REQUEST_ID_KEY) == "fails":
+      await context.abort(grpc.StatusCode.UNAVAILABLE, "injected failure")
+    async for response in original(self, request, context):
+      yield response
+
+  monkeypatch.setattr(server_lib.RollxOrchestrator, "Decode", decode)
+  engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=8, max_prefill_length=16,
+                       max_cache_length=1024)
+  srv = RolloutServer(engine)
+  try:
+    async def go():
+      # (the failed call marks the one server dead: a retry waits for its health check)
+      client = RolloutClient([srv.address], restart_timeout_s=30)
+      running = [asyncio.ensure_future(client.generate(f"long{i}", [1, 2, 3 + i], 400))
+                 for i in range(3)]
+      while engine.num_steps < 3:
+        await asyncio.sleep(0.001)
+      with pytest.raises(NoServerAliveError, match="injected failure"):
+        await client.generate("fails", [4, 5], 4)
+      return await asyncio.gather(*running)
+
+    generations = run(go())
+    assert [len(g.token_ids) for g in generations] == [400] * 3
+    assert all(g.server == srv.address for g in generations)
   finally:
     srv.stop()
 
