@@ -1,4 +1,5 @@
-"""Starting a local Ray instance for tests."""
+"""Ray in tests: a local instance, and a wait on a rollout that says what went wrong when
+it stalls."""
 
 from rollx import cluster
 from tests.conftest import ROOT
