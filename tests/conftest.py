@@ -60,3 +60,15 @@ def pytest_xdist_make_scheduler(config, log):
       return "trained_run" if os.path.basename(path) in _TRAINED_RUN_FILES else path
 
   return ByFile(config, log)
+
+
+# A slow run (`make test-slow`: learning curves of 30-60 minutes, a 32-minute model
+# rebuild) is not held to the suite's per-test timeout (setup.cfg, for hangs in
+# `make test`): it gets SLOW_TIMEOUT_S unless it sets its own.
+SLOW_TIMEOUT_S = 3 * 3600
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+      item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))

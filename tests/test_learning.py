@@ -16,6 +16,28 @@ from configs import frozenlake
 REACH_BY_MIN, REACH, HOLD_TO_MIN, HOLD = 20.0, 0.8, 30.0, 0.7
 
 
+def test_slow_runs_are_not_held_to_the_suite_timeout():
+  # setup.cfg's per-test timeout (10 min) would end every run below at minute 10
+  from tests import conftest
+
+  class Item:
+    def __init__(self, *marks):
+      self.marks = list(marks)
+
+    def get_closest_marker(self, name):
+      return next((m for m in self.marks if m.name == name), None)
+
+    def add_marker(self, mark):
+      self.marks.append(mark.mark)
+
+  slow, own, fast = (Item(pytest.mark.slow.mark),
+                     Item(pytest.mark.slow.mark, pytest.mark.timeout(900).mark), Item())
+  conftest.pytest_collection_modifyitems(None, [slow, own, fast])
+  assert slow.get_closest_marker("timeout").args == (conftest.SLOW_TIMEOUT_S,)
+  assert own.get_closest_marker("timeout").args == (900,)
+  assert fast.get_closest_marker("timeout") is None
+
+
 def meets_the_bar(curve):
   reached = [m for m, _, v, *_ in curve if v >= REACH]
   assert reached and reached[0] <= REACH_BY_MIN, f"never >= {REACH} by minute {REACH_BY_MIN}: {curve}"
