@@ -320,7 +320,7 @@ class Rollout:
           # a call the worker died under fails so even when Ray restarts it; a call to a
           # worker that is dead for good fails so again at once
           if attempt:
-            raise RolloutError(f"{where} is dead and will not restart: {_first_line(e)}") \
+            raise RolloutError(f"{where} is dead and will not restart: {_last_line(e)}") \
                 from None
           again[self.workers[index].ensure_running.remote()] = index
         except ray.exceptions.ActorUnavailableError:
@@ -354,7 +354,8 @@ class Rollout:
 WORKER_CHECK_S = 10.0
 
 
-def _first_line(error: Exception) -> str:
+def _last_line(error: Exception) -> str:
+  """The last line of a Ray error's message: the cause (Ray puts the actor's details first)."""
   lines = [l.strip() for l in str(error).splitlines() if l.strip()]
   return lines[-1] if lines else type(error).__name__
 

@@ -449,14 +449,20 @@ def test_killing_an_env_worker_mid_collection_still_gives_a_full_unique_batch(
     rollout.stop()
 
 
+def two_worker_rollout(policy_dir, server, **config):
+  """2 FrozenLake groups of 3 on two env workers (env ids 0-2 and 3-5), batches of 6."""
+  c = make_config(policy_dir, num_env_groups=2, group_size=3, tags=("FrozenLake",),
+                  max_env_num_per_worker=3)
+  c.rollout_batch_size = 6
+  c.update(config)
+  return start_rollout(c, "train_env_manager", [server.address])
+
+
 def test_an_env_worker_dead_for_good_ends_get_batch_with_an_error_naming_it(
     policy_dir, server, ray_cluster, monkeypatch):
   # its envs' tickets would stay outstanding: without the check the batch waits forever
   monkeypatch.setattr(cluster, "WORKER_CHECK_S", 1.0)
-  config = make_config(policy_dir, num_env_groups=2, group_size=3, tags=("FrozenLake",),
-                       max_env_num_per_worker=3)
-  config.rollout_batch_size = 6
-  rollout = start_rollout(config, "train_env_manager", [server.address])
+  rollout = two_worker_rollout(policy_dir, server)
   try:
     rollout.get_batch(6)
     ray.kill(rollout.workers[1], no_restart=True)
@@ -475,10 +481,7 @@ def test_a_worker_whose_loops_do_not_run_is_started_by_the_trainer_waiting_for_a
   # never_started: a restarted worker whose constructor's call to start was lost;
   # ended_cancelled: loops that a CancelledError from a library call ended
   monkeypatch.setattr(cluster, "WORKER_CHECK_S", 1.0)
-  config = make_config(policy_dir, num_env_groups=2, group_size=3, tags=("FrozenLake",),
-                       max_env_num_per_worker=3)
-  config.rollout_batch_size = 6
-  rollout = start_rollout(config, "train_env_manager", [server.address])
+  rollout = two_worker_rollout(policy_dir, server)
   try:
     rollout.get_batch(6)
 
@@ -507,11 +510,7 @@ def test_a_worker_whose_loops_do_not_run_is_started_by_the_trainer_waiting_for_a
 def test_killing_an_env_worker_between_batches_still_gives_full_unique_batches(
     policy_dir, server, ray_cluster, async_ratio):
   # its loops wait in the scheduler between sync batches (async: at the staleness bound)
-  config = make_config(policy_dir, num_env_groups=2, group_size=3, tags=("FrozenLake",),
-                       max_env_num_per_worker=3)
-  config.async_generation_ratio = async_ratio
-  config.rollout_batch_size = 6
-  rollout = start_rollout(config, "train_env_manager", [server.address])
+  rollout = two_worker_rollout(policy_dir, server, async_generation_ratio=async_ratio)
   try:
     rollout.get_batch(6)
     time.sleep(0.5)  # the loops are back waiting for tickets
