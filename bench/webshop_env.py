@@ -8,9 +8,10 @@ WebShop's 10 results a page and 15 actions, then configs/webshop.py's 3 and 8:
 - env steps/s of the env alone under a uniformly random valid-action policy (search
   pages, result pages, item pages, purchases);
 - the mean reward and success of that random policy, of a policy that copies words
-  without knowing which matter (`copy_response`), and of an oracle that reads the goal
-  (envs.webshop.oracle_response): the floor, a first rung and the ceiling of a
-  learning curve;
+  without knowing which matter (`copy_response`), of one that copies all of them into
+  its search (`copy_response(whole=True)`), and of an oracle that reads the goal
+  (envs.webshop.oracle_response): the floor, two rungs and the ceiling of a learning
+  curve;
 - search queries/s through the BM25 index (bm25s) vs the same BM25 scoring as a plain
   Python scan over every product, in the same process: the ratio is the index's gain.
 """
@@ -31,14 +32,16 @@ import envs  # noqa: E402
 from envs import webshop  # noqa: E402
 
 
-def copy_response(env, rng):
+def copy_response(env, rng, whole=False):
   """What a policy that only copies words can do, without knowing which matter: search
-  three consecutive words among the instruction's first eight, open the first result,
-  choose each option whose value the instruction names, buy."""
+  three consecutive words among the instruction's first eight (`whole`: the whole
+  instruction), open the first result, choose each option whose value the instruction
+  names, buy."""
   if env.page == "search":
     words = env.goal.instruction.split()
     start = int(rng.integers(0, 6))  # the last start whose three words are among the first 8
-    return f"<answer>search[{' '.join(words[start:start + 3])}]</answer>"
+    query = " ".join(words if whole else words[start:start + 3])
+    return f"<answer>search[{query}]</answer>"
   if env.page == "results":
     page = env._page_asins()
     return f"<answer>click[{page[0] if page else webshop.BACK_TO_SEARCH}]</answer>"
@@ -59,6 +62,7 @@ def play(env, policy, episodes, rng):
     while True:
       response = (webshop.oracle_response(env) if policy == "oracle"
                   else copy_response(env, rng) if policy == "copy"
+                  else copy_response(env, rng, whole=True) if policy == "copy_all"
                   else env.sample_valid_response(rng))
       _, reward, terminated, truncated, info = env.step(response)
       steps += 1
@@ -116,6 +120,9 @@ def main():
     reward, success, _ = play(env, "copy", args.episodes, rng)
     print(f"[{name}] copying words (3 of the instruction's first 8 searched, first result, "
           f"the options it names): mean reward {reward:.3f}, success {success:.3f}")
+    reward, success, _ = play(env, "copy_all", args.episodes, rng)
+    print(f"[{name}] copying the whole instruction into the search (then as above): "
+          f"mean reward {reward:.3f}, success {success:.3f}")
     reward, success, _ = play(env, "oracle", args.episodes, rng)
     print(f"[{name}] oracle: mean reward {reward:.3f}, success {success:.3f}")
   queries = [g.instruction for g in env.catalog.validation_goals][:max(args.episodes // 4, 20)]

@@ -22,11 +22,18 @@ Expected:  learns to buy, not yet what to buy. GiGPO and GRPO, seed 1, 60 min ea
            mean purchase reward of 0.044 and succeeds on 0.1%; copying words without
            knowing which matter (three of the instruction's first eight searched, the
            first result opened, the options the instruction names chosen) scores
-           0.472 and succeeds on 13.0%; an oracle that reads the goal succeeds on 100%.
+           0.472 and succeeds on 13.0%; the same with the whole instruction searched
+           scores 0.959 and succeeds on 85.5%; an oracle that reads the goal succeeds
+           on 100%.
            Why the reward stays low: the greedy policy searches one fixed query for
            every instruction (`search[color:e,]` at the end of a GiGPO run at
            learning rate 1e-3, which plateaus the same way: best 0.068 GiGPO / 0.073
-           GRPO, 2026-11-28), opens a result and buys.
+           GRPO, 2026-11-28), opens a result and buys. A start whose random searches
+           copy a random-length prefix of the instruction (up to all of it) was tried
+           (2026-11-28): the model garbled long copies and miscopied most product
+           ids (sampled, 64 validation episodes: 114 of 144 product clicks invalid, 2
+           purchases; the first 4 RL steps, 128 episodes, scored 0), so RL got no
+           reward; not shipped.
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt
