@@ -34,6 +34,10 @@ Expected:  learns to buy, not yet what to buy. GiGPO and GRPO, seed 1, 60 min ea
            ids (sampled, 64 validation episodes: 114 of 144 product clicks invalid, 2
            purchases; the first 4 RL steps, 128 episodes, scored 0), so RL got no
            reward; not shipped.
+           The runs above started from a first build of the shipped start (a probe
+           run of the same data before its recipe was committed, not bit-identical
+           to it); since 2026-11-28 (night) the start ships as
+           rollx.recipes.webshop_start builds it, not yet re-measured with RL.
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt
