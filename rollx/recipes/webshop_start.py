@@ -12,7 +12,8 @@ shopping). On it, the warm start of rollx.recipes.warm_start for configs/webshop
 env: random-valid-action transcripts of WebShop pages (no reward, no task signal: each
 answer is a uniformly random valid action of its page), loss on the answers alone
 (`warm_start_responses_only`): the pages are context. Measured 2026-11-28 (sampled,
-temperature 1, 64 validation instructions x 4): the earlier recipe (the default model,
+temperature 1, 64 validation instructions x 4, on a first build of this recipe's data by
+a trial run, not bit-identical to the build that ships): the earlier recipe (the default model,
 loss on every token, 200 steps) clicked no product in 1,178 results-page actions and
 never bought (invalid actions 0.50); this one makes 16% invalid actions and buys in 4%
 of the episodes, with no success (a random purchase rarely matches the goal).
