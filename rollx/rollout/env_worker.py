@@ -86,4 +86,6 @@ class EnvWorker:
       raise failed[0].exception()
     return {"envs": len(self.managers), "running": sum(not t.done() for t in self._tasks),
             "env_errors": sum(m.num_env_errors for m in self.managers),
-            "restarted_loops": self.restarted_loops}
+            "restarted_loops": self.restarted_loops,
+            "server_retries": self.client.num_retries,
+            "restart_waits": self.client.num_restart_waits}

@@ -90,7 +90,8 @@ class RolloutClient:
     self.max_attempts = max_attempts or 2 * len(addresses) + 2
     self.timeout_s, self.revive_after_s = timeout_s, revive_after_s
     self.restart_timeout_s = restart_timeout_s
-    self.num_retries = 0
+    self.num_retries = 0  # calls retried: a server failed, or aborted them at a weight push
+    self.num_restart_waits = 0  # requests that found every server dead and waited for one
 
   # -- routing -------------------------------------------------------------------
   def _stub(self, server: _Server):
@@ -132,6 +133,8 @@ class RolloutClient:
         return self._pick(trajectory_id)
       except NoServerAliveError as e:
         now = time.monotonic()
+        if deadline is None and self.restart_timeout_s > 0:
+          self.num_restart_waits += 1
         deadline = deadline or now + self.restart_timeout_s
         if now >= deadline:
           if self.restart_timeout_s > 0:
