@@ -61,17 +61,19 @@ def get_config():
   config.eval_steps = 5
   config.rollout_batch_size = 32  # 4 groups x 8 episodes on one instruction each
   config.val_batch_size = 64  # 64 unseen instructions, greedy
-  # the longest sample: ~40 prompt tokens + a results page of 3 titles (<= ~500 tokens with the search line
-  # with the default tokenizer, which never saw shop words) + a 32-token answer
+  # the longest sample: ~40 prompt tokens + a results page of 3 titles and the search line
+  # (<= ~500 tokens with the grid games' tokenizer, about half with the start's shop words)
+  # + a 32-token answer
   config.sequence_length = 640
   config.adv_estimator = "gigpo"  # step-level advantages among the same page's steps
   config.gigpo_omega = 1.0
   config.episode_reward_gamma = 0.95  # a purchase after fewer wasted clicks scores higher
   config.min_informative_groups = 0  # one rollout round a step: steps stay short on a CPU
   config.max_rollout_rounds = 1
-  # the tool model warm started on random-valid-action WebShop pages (no reward, no task
-  # signal), shipped: its copy pretraining lets a click carry a product id off the page
-  # (rollx.recipes.webshop_start, which rebuilds it in ~32 min)
+  # the tool model, the shop's words added to its vocabulary (a word copied is one token),
+  # warm started on random-valid-action WebShop pages (no reward, no task signal),
+  # shipped: its copy pretraining lets a click carry a product id off the page
+  # (rollx.recipes.webshop_start, which rebuilds it in ~31 min)
   config.pretrain = models.DEFAULT_WEBSHOP_MODEL_DIR
   config.warm_start_steps = 0
   config.actor_train.training_args.per_device_train_batch_size = 16  # packed 640-token rows

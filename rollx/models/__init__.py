@@ -14,7 +14,8 @@ DEFAULT_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "de
 # tools and template; rebuilt by `python -m rollx.recipes.tool_demos`)
 DEFAULT_TOOLS_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                        "default_tools")
-# The tool model warm started on WebShop random-play pages (configs/webshop.py starts from it;
+# The tool model, the shop's words added to its vocabulary, warm started on WebShop random-play
+# pages (configs/webshop.py starts from it;
 # rebuilt by `python -m rollx.recipes.webshop_start`)
 DEFAULT_WEBSHOP_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                          "default_webshop")

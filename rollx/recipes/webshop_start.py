@@ -1,24 +1,35 @@
-"""The shipped WebShop start: the tool model, warm started on WebShop random-play pages.
+"""The shipped WebShop start: the tool model, with the shop's words in its vocabulary,
+warm started on WebShop random-play pages.
 
-    python -m rollx.recipes.webshop_start    # ~32 min on 2 CPU cores
+    python -m rollx.recipes.webshop_start    # ~31 min on 2 CPU cores
 
 rebuilds `rollx/models/default_webshop/`, which configs/webshop.py starts RL from. A
 WebShop action must copy words from the page: the instruction's words into
-`search[...]`, a product id ("B00724", six single-character tokens of the default
-tokenizer) into `click[...]`. The default model never learned to copy text; the tool
-model (rollx/models/default_tools, rollx.recipes.tool_demos) did, in its copy
-pretraining on random strings (its calculator demonstrations are arithmetic, nothing of
-shopping). On it, the warm start of rollx.recipes.warm_start for configs/webshop.py's
-env: random-valid-action transcripts of WebShop pages (no reward, no task signal: each
-answer is a uniformly random valid action of its page), loss on the answers alone
-(`warm_start_responses_only`): the pages are context. Measured 2026-11-28 (sampled,
-temperature 1, 64 validation instructions x 4, on a first build of this recipe's data by
-a trial run, not bit-identical to the build that ships): the earlier recipe (the default model,
-loss on every token, 200 steps) clicked no product in 1,178 results-page actions and
-never bought (invalid actions 0.50); this one makes 16% invalid actions and buys in 4%
-of the episodes, with no success (a random purchase rarely matches the goal).
+`search[...]`, a product id ("B00724") into `click[...]`. The default model never learned
+to copy text; the tool model (rollx/models/default_tools, rollx.recipes.tool_demos) did,
+in its copy pretraining on random strings of digits (its calculator demonstrations are
+arithmetic, nothing of shopping). Two steps on it:
+1. vocabulary (rollx.recipes.vocab): its tokenizer, trained on grid games, cuts a shop
+   word into letters ("gluten free snack bars": 19 tokens); the frequent words of 300
+   random-play episodes' pages, each with and without its leading space (1,064 forms),
+   become one token each (3,164 new tokens with the merges' intermediate pieces, vocab
+   3,840), embedded as the mean of the pieces they replace. A
+   page is then ~2.2x fewer tokens, and a search copies a few tokens where it copied
+   dozens. Product ids keep their single-digit tokens: the digits the copy pretraining
+   taught.
+2. the warm start of rollx.recipes.warm_start for configs/webshop.py's env: random-
+   valid-action transcripts of WebShop pages (no reward, no task signal: each answer is
+   a uniformly random valid action of its page), loss on the answers alone
+   (`warm_start_responses_only`): the pages are context. 800 steps, final nll 0.34.
+Measured 2026-11-29 (sampled, temperature 1, 64 validation instructions x 4,
+`python -m rollx.eval --config=configs/webshop.py --k=4 --samples=4 --episodes=64`):
+8.2% invalid actions, 260 of 317 product-id clicks valid, a purchase in 13% of the
+episodes (34 of 256), no success (a random purchase rarely matches the goal). The same
+warm start without the new words (the start shipped before) made 16% invalid actions and
+bought in 4% of the episodes; the default model with loss on every token (200 steps)
+clicked no product in 1,178 results-page actions.
 
-A run rebuilds the same start itself with
+A run builds a start without the new words itself (the earlier recipe) with
     --config.pretrain=rollx/models/default_tools --config.warm_start_steps=800
     --config.warm_start_responses_only=True
 (in output_dir/warm_start; built once). Shipped so that a run, and a test, need not
@@ -32,25 +43,57 @@ import os
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs", "webshop.py")
 STEPS = 800  # 12,800 rows of 16: ~3,200 random episodes of <= 8 pages
+VOCAB_EPISODES = 300  # random-play episodes whose pages the new words are counted on
+MAX_WORDS = 1200  # more than the synthetic shop's pages have (1,064 forms seen >= 5 times)
 
 
-def build(out_dir: str, config_path: str = CONFIG, steps: int = STEPS) -> str:
-  """The tool model warm started for `config_path`'s WebShop env, written to `out_dir`."""
+def page_texts(config, episodes: int = VOCAB_EPISODES, seed: int = 0):
+  """What the policy reads and writes in random play of `config`'s training WebShop env:
+  the env's instructions, every page, every answer (the training split only)."""
+  import numpy as np
+  import envs
+  entry = config.custom_envs[config.train_env_manager.tags[0]]
+  env = envs.make_env(entry.env_type, entry.env_config.to_dict())
+  rng = np.random.default_rng(seed)
+  for i in range(episodes):
+    obs, _ = env.reset(seed=seed + i)
+    yield env.instructions
+    yield obs
+    while True:
+      answer = env.sample_valid_response(rng)
+      obs, _, terminated, truncated, _ = env.step(answer)
+      yield answer
+      yield obs
+      if terminated or truncated:
+        break
+
+
+def build(out_dir: str, config_path: str = CONFIG, steps: int = STEPS,
+          max_words: int = MAX_WORDS) -> str:
+  """The tool model, its vocabulary extended with the shop's words, warm started for
+  `config_path`'s WebShop env, written to `out_dir`."""
+  import shutil
+  import tempfile
   from rollx import config as config_lib
   from rollx import models
-  from rollx.recipes import warm_start
+  from rollx.recipes import vocab, warm_start
   config = config_lib.load_file(config_path)
-  config.pretrain = models.DEFAULT_TOOLS_MODEL_DIR
   config.warm_start_steps = int(steps)
   config.warm_start_responses_only = True
-  return warm_start.build_for_config(config, out_dir)
+  with tempfile.TemporaryDirectory() as tmp:
+    extended = os.path.join(tmp, "tools_shop_words")
+    shutil.copytree(models.DEFAULT_TOOLS_MODEL_DIR, extended)
+    if max_words:
+      print(f"vocabulary: {vocab.extend_vocabulary(extended, page_texts(config), max_words)}")
+    config.pretrain = extended
+    return warm_start.build_for_config(config, out_dir)
 
 
 def main(argv):
   del argv
   from absl import flags
   f = flags.FLAGS
-  print(f"wrote {build(f.out_dir, f.config, f.steps)}")
+  print(f"wrote {build(f.out_dir, f.config, f.steps, f.max_words)}")
 
 
 if __name__ == "__main__":
@@ -59,4 +102,5 @@ if __name__ == "__main__":
   flags.DEFINE_string("out_dir", DEFAULT_WEBSHOP_MODEL_DIR, "where to write the model")
   flags.DEFINE_string("config", CONFIG, "the WebShop config it is for")
   flags.DEFINE_integer("steps", STEPS, "warm-start steps on the random-play pages")
+  flags.DEFINE_integer("max_words", MAX_WORDS, "shop words the tokenizer learns (0: none)")
   app.run(main)

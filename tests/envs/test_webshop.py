@@ -280,48 +280,74 @@ def test_a_person_shops_with_rollx_play():
   assert "4 turns, 1 invalid" in out and "ended: terminated" in out
 
 
-def test_the_webshop_config_starts_from_the_shipped_webshop_model():
-  """configs/webshop.py starts RL from rollx/models/default_webshop, the tool model's
-  tokenizer and architecture with other weights."""
+def _assert_extends_the_tool_model(model_dir, trained):
+  """`model_dir` is the tool model with the shop's words added to its tokenizer (every
+  tool token keeps its id; a shop word is one token) and its embeddings grown for them;
+  `trained`: its weights moved on from the tool model's, else equal up to the new rows."""
+  import json
   from safetensors.numpy import load_file
+  from rollx import models
+  from rollx.models import hf
+  for name in ("tokenizer_config.json", "chat_template.jinja"):
+    with open(os.path.join(model_dir, name)) as a, \
+         open(os.path.join(models.DEFAULT_TOOLS_MODEL_DIR, name)) as b:
+      assert a.read() == b.read(), name
+  with open(os.path.join(model_dir, "config.json")) as a, \
+       open(os.path.join(models.DEFAULT_TOOLS_MODEL_DIR, "config.json")) as b:
+    shop_cfg, tools_cfg = json.load(a), json.load(b)
+  assert shop_cfg["vocab_size"] > tools_cfg["vocab_size"]
+  assert dict(shop_cfg, vocab_size=0) == dict(tools_cfg, vocab_size=0)
+  shop_tok, tools_tok = hf.load_tokenizer(model_dir), hf.load_tokenizer(models.DEFAULT_TOOLS_MODEL_DIR)
+  shop_vocab = shop_tok.get_vocab()
+  assert all(shop_vocab[t] == i for t, i in tools_tok.get_vocab().items())
+  for word in ("search", "gluten", " gluten", " crackers", " looking", " dollars"):
+    assert len(shop_tok.encode(word, add_special_tokens=False)) == 1, word
+  shop = load_file(os.path.join(model_dir, "model.safetensors"))
+  tools = load_file(os.path.join(models.DEFAULT_TOOLS_MODEL_DIR, "model.safetensors"))
+  assert shop.keys() == tools.keys()
+  embed, n = "model.embed_tokens.weight", len(tools_tok)
+  same = [np.array_equal(shop[k], tools[k]) for k in shop if k != embed]
+  same.append(np.array_equal(shop[embed][:n], tools[embed][:n]))
+  assert not all(same) if trained else all(same)
+
+
+def test_the_webshop_config_starts_from_the_shipped_webshop_model():
+  """configs/webshop.py starts RL from rollx/models/default_webshop: the tool model, its
+  tokenizer extended with the shop's words, its weights warm started."""
   from rollx import config as config_lib, models
   from tests.conftest import ROOT
   config = config_lib.validate(config_lib.load_file(os.path.join(ROOT, "configs", "webshop.py")))
   assert config.pretrain == models.DEFAULT_WEBSHOP_MODEL_DIR and config.warm_start_steps == 0
-  for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-    with open(os.path.join(models.DEFAULT_WEBSHOP_MODEL_DIR, name)) as a, \
-         open(os.path.join(models.DEFAULT_TOOLS_MODEL_DIR, name)) as b:
-      assert a.read() == b.read(), name
-  shop = load_file(os.path.join(models.DEFAULT_WEBSHOP_MODEL_DIR, "model.safetensors"))
-  tools = load_file(os.path.join(models.DEFAULT_TOOLS_MODEL_DIR, "model.safetensors"))
-  assert shop.keys() == tools.keys() and any(not np.array_equal(shop[k], tools[k]) for k in shop)
+  _assert_extends_the_tool_model(models.DEFAULT_WEBSHOP_MODEL_DIR, trained=True)
 
 
 def test_the_webshop_start_recipe_trains_the_tool_model_on_answers_alone(tmp_path, monkeypatch):
   """`python -m rollx.recipes.webshop_start`'s settings reach the warm start: the tool
-  model, the config's WebShop pages cut step-wise, the loss on the answers alone
-  (`warm_start_responses_only`); the training itself is stubbed here (the slow test
-  below rebuilds the shipped model)."""
+  model with the shop's words in its vocabulary, the config's WebShop pages cut
+  step-wise, the loss on the answers alone (`warm_start_responses_only`); the training
+  itself is stubbed here (the slow test below rebuilds the shipped model)."""
   from rollx import models
+  from rollx.models import hf
   from rollx.recipes import warm_start, webshop_start
   seen = {}
 
   def fake_warm_start(model_dir, steps, **kwargs):
     seen.update(kwargs, steps=steps, model_dir=model_dir)
-    with open(os.path.join(model_dir, "model.safetensors"), "rb") as f:
-      seen["weights"] = f.read()
+    _assert_extends_the_tool_model(model_dir, trained=False)
+    seen["search_ids"] = hf.load_tokenizer(model_dir).encode("search[", add_special_tokens=False)
   monkeypatch.setattr(warm_start, "warm_start", fake_warm_start)
   out = webshop_start.build(str(tmp_path / "shop"), steps=2)
-  with open(os.path.join(models.DEFAULT_TOOLS_MODEL_DIR, "model.safetensors"), "rb") as f:
-    assert seen["weights"] == f.read()  # the start is the tool model
   assert seen["steps"] == 2 and "WebShop" in seen["responses_only"]
   episodes = seen["episodes"]
   assert episodes and {t.ticket.tag for t in episodes} == {"WebShop"}
   assert all(len(t.samples) == len(t.transcript) for t in episodes)  # one sample a page
+  # the episodes are tokenized with the extended tokenizer
+  answers = [t.samples[0].input_ids for t in episodes]
+  assert any(seen["search_ids"][0] in ids for ids in answers)
   assert sorted(os.listdir(out)) == sorted(os.listdir(models.DEFAULT_TOOLS_MODEL_DIR))
 
 
-@pytest.mark.slow  # ~32 min on 2 cores
+@pytest.mark.slow  # ~31 min on 2 cores
 def test_the_shipped_webshop_start_is_its_recipe():
   """`rollx.recipes.webshop_start` rebuilds rollx/models/default_webshop bit for bit (on
   the kind of CPU that built it: another one's float rounding may differ)."""
