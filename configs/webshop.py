@@ -8,36 +8,35 @@ Command:   python -m rollx.train --config=configs/webshop.py
            learning curve: python -m rollx.curve --config=configs/webshop.py --minutes=60
            --seed=1
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
-Runtime:   (2026-11-28, 2 CPU cores) ~60-120 s per RL step with a second run beside it
-           (rollout of 32 episodes x <= 8 actions, ~400-token pages); the start is
-           shipped (rollx/models/default_webshop; its recipe takes ~32 min).
-Expected:  learns to buy, not yet what to buy. GiGPO and GRPO, seed 1, 60 min each, the
-           two runs at once on the 2 cores (58 / 56 steps, 32 episodes a step; commit
-           53c13da): training episodes that end in a purchase 9% -> 83% / 87% over the
-           last 10 steps; greedy validation on 64 unseen instructions: 0% -> 100% of the
-           episodes buy, mean reward 0.000 at step 0 -> best 0.068 (GiGPO, step 40) /
-           0.090 (GRPO, step 45), 0.030 / 0.068 at the end; validation success 0
-           throughout (3 / 2 training successes in all). On these instructions
-           (bench/webshop_env.py) a uniformly random valid action each step scores a
-           mean purchase reward of 0.044 and succeeds on 0.1%; copying words without
-           knowing which matter (three of the instruction's first eight searched, the
-           first result opened, the options the instruction names chosen) scores
-           0.472 and succeeds on 13.0%; the same with the whole instruction searched
-           scores 0.959 and succeeds on 85.5%; an oracle that reads the goal succeeds
-           on 100%.
-           Why the reward stays low: the greedy policy searches one fixed query for
-           every instruction (`search[color:e,]` at the end of a GiGPO run at
-           learning rate 1e-3, which plateaus the same way: best 0.068 GiGPO / 0.073
-           GRPO, 2026-11-28), opens a result and buys. A start whose random searches
-           copy a random-length prefix of the instruction (up to all of it) was tried
-           (2026-11-28): the model garbled long copies and miscopied most product
-           ids (sampled, 64 validation episodes: 114 of 144 product clicks invalid, 2
-           purchases; the first 4 RL steps, 128 episodes, scored 0), so RL got no
-           reward; not shipped.
-           The runs above started from a first build of the shipped start (a probe
-           run of the same data before its recipe was committed, not bit-identical
-           to it); since 2026-11-28 (night) the start ships as
-           rollx.recipes.webshop_start builds it, not yet re-measured with RL.
+Runtime:   (2026-11-29, 2 CPU cores) ~10-40 s per RL step with a second run beside it
+           (rollout of 32 episodes x <= 8 actions, ~200-token pages with the start's
+           shop words); the start is shipped (rollx/models/default_webshop; its recipe
+           takes ~31 min).
+Expected:  learns to buy and raises the mean reward; success stays at chance. GiGPO and
+           GRPO, seed 1, 60 min each, the two runs at once on the 2 cores (144 / 238
+           steps of 32 episodes; 2026-11-29, commit 769a916): greedy validation on 64
+           unseen instructions, mean reward 0.000 at step 0 -> best 0.147 (GiGPO, step
+           70) / 0.129 (GRPO, step 105), 0.088 / 0.078 at the end; validation success
+           1 of 64 at one validation (GiGPO) / four (GRPO) of 29 / 48, 0 at the end;
+           5 / 16 training successes in all (a GRPO step at 25%: one group solved its
+           instruction). On these instructions (bench/webshop_env.py) a uniformly
+           random valid action each step scores a mean purchase reward of 0.044 and
+           succeeds on 0.1%; copying words without knowing which matter (three of the
+           instruction's first eight searched, the first result opened, the options
+           the instruction names chosen) scores 0.472 and succeeds on 13.0%; the same
+           with the whole instruction searched scores 0.959 and succeeds on 85.5%; an
+           oracle that reads the goal succeeds on 100%.
+           Why the reward stays low: the greedy policy ends up searching one or two
+           fixed queries for every instruction (`search[free]` in all 64 validation
+           episodes at the end of the GRPO run, which buys in all of them; GiGPO:
+           `search[free]` / `search[small]`), opens the first result and buys: it
+           learns which clicks lead to a purchase, not which words of the instruction
+           to search. The start before the shop words (same warm start, letters for
+           tokens; commit 53c13da) plateaued the same way, lower and slower: 58 / 56
+           steps in 60 min, best 0.068 / 0.090, success 0 throughout. A start whose
+           random searches copy a random-length prefix of the instruction was tried
+           (2026-11-28) on that tokenizer: long copies garbled, most product ids
+           miscopied, no RL reward; not shipped.
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt
