@@ -98,11 +98,18 @@ def extend_vocabulary(model_dir: str, texts: Iterable[str], max_words: int = 600
   from tokenizers import Tokenizer
   import transformers
   from rollx.models import hf
-  tokenizer = hf.load_tokenizer(model_dir)
-  words = choose_words(tokenizer, word_counts(tokenizer, texts), max_words, min_count)
   path = os.path.join(model_dir, "tokenizer.json")
+  if not os.path.isfile(path):
+    raise ValueError(f"{path}: no such file; vocabulary extension edits a tokenizers-library "
+                     "BPE tokenizer file")
   with open(path) as f:
     tokenizer_json = json.load(f)
+  if tokenizer_json["model"].get("type") != "BPE" or tokenizer_json.get("pre_tokenizer") is None:
+    raise ValueError(f"{path}: model type {tokenizer_json['model'].get('type')!r}; vocabulary "
+                     "extension needs a BPE model with a pre-tokenizer")
+  tokenizer = hf.load_tokenizer(model_dir)
+  words = choose_words(tokenizer, word_counts(tokenizer, texts), max_words, min_count)
+
   def tokenizer_of(state):
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(json.dumps(state)))

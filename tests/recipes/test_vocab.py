@@ -110,3 +110,19 @@ def test_an_untied_head_grows_as_the_embeddings_do(tmp_path):
                              rtol=1e-6, atol=1e-7)
   n = len(hf.load_tokenizer(models.DEFAULT_MODEL_DIR))
   np.testing.assert_array_equal(np.asarray(after["lm_head"])[:, :n], head[:, :n])
+
+
+def test_a_model_without_a_bpe_tokenizer_file_is_refused_by_name(tmp_path):
+  out = str(tmp_path / "model")
+  shutil.copytree(models.DEFAULT_MODEL_DIR, out)
+  path = os.path.join(out, "tokenizer.json")
+  with open(path) as f:
+    state = json.load(f)
+  state["model"]["type"] = "WordPiece"
+  with open(path, "w") as f:
+    json.dump(state, f)
+  with pytest.raises(ValueError, match="tokenizer.json: model type 'WordPiece'"):
+    vocab.extend_vocabulary(out, TEXTS)
+  os.remove(path)
+  with pytest.raises(ValueError, match="tokenizer.json: no such file"):
+    vocab.extend_vocabulary(out, TEXTS)
