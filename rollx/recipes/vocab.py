@@ -20,7 +20,7 @@ import collections
 import dataclasses
 import json
 import os
-from typing import Iterable, List, Tuple
+from typing import Iterable, List
 
 import numpy as np
 
