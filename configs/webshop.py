@@ -37,6 +37,12 @@ Expected:  learns to buy and raises the mean reward; success stays at chance. Gi
            random searches copy a random-length prefix of the instruction was tried
            (2026-11-28) on that tokenizer: long copies garbled, most product ids
            miscopied, no RL reward; not shipped.
+           With the shop's words, a start whose random searches copy a span of the
+           instruction of uniformly random length, up to all of it (48-token answers),
+           was tried (2026-11-29): greedy mean reward 0.177 before RL (longer searches
+           find better products), but RL did not raise it: GiGPO / GRPO, 92 steps each
+           in 60 min, best 0.247 (step 5) / 0.243 (step 10), 0.151 / 0.153 at the end,
+           validation success 1 of 64 at one validation (GiGPO); not shipped.
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt

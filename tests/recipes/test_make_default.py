@@ -205,8 +205,8 @@ def test_warm_start_steps_start_a_run_from_a_warm_started_copy(tmp_path):
   assert warm_start.for_config(config) == path  # a resumed run reuses it
   assert os.path.getmtime(os.path.join(path, "model.safetensors")) == stamp
   # the transcripts: WebShop pages, every answer valid on its page, the same step-wise cut
-  tokenizer = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
   shop = config_lib.validate(config_lib.load_file(os.path.join(ROOT, "configs", "webshop.py")))
+  tokenizer = hf.load_tokenizer(models.resolve_model_dir(shop.pretrain))  # the shop's words
   entry = ("WebShop", shop.custom_envs.WebShop.to_dict(), dict(step_wise=True, history_length=0), 1.0)
   episodes = warm_start.random_valid_episodes(tokenizer, [entry], 20, seed=0,
                                               sequence_length=shop.sequence_length)
