@@ -352,25 +352,26 @@ def test_the_shipped_webshop_start_is_its_recipe(tmp_path):
   """`python -m rollx.recipes.webshop_start` rebuilds rollx/models/default_webshop bit for
   bit (on the kind of CPU that built it: another one's float rounding may differ).
 
-  Run as its command runs, in a process of its own: this session's XLA_FLAGS split the
-  CPU into 8 devices, which changes how XLA splits a matmul across threads, hence the
+  Run as its command runs, in a process of its own: the tests' XLA_FLAGS (tests/conftest.py)
+  split the CPU into 8 devices, which changes how XLA splits a matmul across threads, hence the
   float rounding (a 20-step build with and without the flag differs by ~2e-4)."""
+  import pathlib
   import subprocess
   import sys
   from safetensors.numpy import load_file
   from rollx import models
+  from tests.conftest import ROOT
   env = dict(os.environ, XLA_FLAGS=" ".join(
       f for f in os.environ.get("XLA_FLAGS", "").split()
       if not f.startswith("--xla_force_host_platform_device_count")))
   out = tmp_path / "shop"
   subprocess.run([sys.executable, "-m", "rollx.recipes.webshop_start", f"--out_dir={out}"],
-                 cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                 env=env, check=True)
+                 cwd=ROOT, env=env, check=True)
   rebuilt = load_file(os.path.join(out, "model.safetensors"))
   shipped = load_file(os.path.join(models.DEFAULT_WEBSHOP_MODEL_DIR, "model.safetensors"))
   assert rebuilt.keys() == shipped.keys()
   for k in shipped:
     np.testing.assert_array_equal(rebuilt[k], shipped[k], err_msg=k)
   for name in ("tokenizer.json", "config.json"):
-    assert (out / name).read_bytes() == open(os.path.join(
-        models.DEFAULT_WEBSHOP_MODEL_DIR, name), "rb").read(), name
+    assert (out / name).read_bytes() == \
+        pathlib.Path(models.DEFAULT_WEBSHOP_MODEL_DIR, name).read_bytes(), name
