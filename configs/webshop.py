@@ -43,6 +43,17 @@ Expected:  learns to buy and raises the mean reward; success stays at chance. Gi
            find better products), but RL did not raise it: GiGPO / GRPO, 92 steps each
            in 60 min, best 0.247 (step 5) / 0.243 (step 10), 0.151 / 0.153 at the end,
            validation success 1 of 64 at one validation (GiGPO); not shipped.
+           That start rebuilt and trained with each step's answers weighted alike
+           (`loss_agg_mode="seq-mean-token-mean"`: a 40-token search no longer outweighs
+           a click) and learning rate 2e-4 (2026-11-29, on a host ~1.6x slower than the
+           runs above: the start's recipe took 51 min): GiGPO / GRPO, 25 / 26 steps in
+           60 min, validation mean score 0.129 at step 0 -> 0.247 / 0.218 (step 5) ->
+           0.302 / 0.238 (step 10) -> 0.205 / 0.102 (step 15) -> 0.245 / 0.157 (step
+           20) -> 0.212 / 0.262 (step 25): the score rises, success does not (1 of 64
+           at one validation each, GiGPO step 15 / GRPO step 25, else 0); not shipped. With these
+           searches, a policy that opened the first result, chose the named options and
+           bought would score 0.683 and succeed on 47% (one to three words: 0.161, 1.8%);
+           without the options 0.455 and 3%: success needs the option clicks learnt.
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt
