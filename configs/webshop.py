@@ -50,10 +50,11 @@ Expected:  learns to buy and raises the mean reward; success stays at chance. Gi
            60 min, validation mean score 0.129 at step 0 -> 0.247 / 0.218 (step 5) ->
            0.302 / 0.238 (step 10) -> 0.205 / 0.102 (step 15) -> 0.245 / 0.157 (step
            20) -> 0.212 / 0.262 (step 25): the score rises, success does not (1 of 64
-           at one validation each, GiGPO step 15 / GRPO step 25, else 0); not shipped. With these
-           searches, a policy that opened the first result, chose the named options and
-           bought would score 0.683 and succeed on 47% (one to three words: 0.161, 1.8%);
-           without the options 0.455 and 3%: success needs the option clicks learnt.
+           at one validation each, GiGPO step 15 / GRPO step 25, else 0); not shipped.
+           With these searches, a policy that opened the first result, chose the named
+           options and bought would score 0.683 and succeed on 47% (one to three words:
+           0.161, 1.8%); without the options 0.455 and 3%: success needs the option
+           clicks learnt.
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt
