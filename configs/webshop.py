@@ -33,28 +33,19 @@ Expected:  learns to buy and raises the mean reward; success stays at chance. Gi
            learns which clicks lead to a purchase, not which words of the instruction
            to search. The start before the shop words (same warm start, letters for
            tokens; commit 53c13da) plateaued the same way, lower and slower: 58 / 56
-           steps in 60 min, best 0.068 / 0.090, success 0 throughout. A start whose
-           random searches copy a random-length prefix of the instruction was tried
-           (2026-11-28) on that tokenizer: long copies garbled, most product ids
-           miscopied, no RL reward; not shipped.
-           With the shop's words, a start whose random searches copy a span of the
-           instruction of uniformly random length, up to all of it (48-token answers),
-           was tried (2026-11-29): greedy mean reward 0.177 before RL (longer searches
-           find better products), but RL did not raise it: GiGPO / GRPO, 92 steps each
-           in 60 min, best 0.247 (step 5) / 0.243 (step 10), 0.151 / 0.153 at the end,
-           validation success 1 of 64 at one validation (GiGPO); not shipped.
-           That start rebuilt and trained with each step's answers weighted alike
-           (`loss_agg_mode="seq-mean-token-mean"`: a 40-token search no longer outweighs
-           a click) and learning rate 2e-4 (2026-11-29, on a host ~1.6x slower than the
-           runs above: the start's recipe took 51 min): GiGPO / GRPO, 25 / 26 steps in
-           60 min, validation mean score 0.129 at step 0 -> 0.247 / 0.218 (step 5) ->
-           0.302 / 0.238 (step 10) -> 0.205 / 0.102 (step 15) -> 0.245 / 0.157 (step
-           20) -> 0.212 / 0.262 (step 25): the score rises, success does not (1 of 64
-           at one validation each, GiGPO step 15 / GRPO step 25, else 0); not shipped.
-           With these searches, a policy that opened the first result, chose the named
-           options and bought would score 0.683 and succeed on 47% (one to three words:
-           0.161, 1.8%); without the options 0.455 and 3%: success needs the option
-           clicks learnt.
+           steps in 60 min, best 0.068 / 0.090, success 0 throughout.
+           The random searches the start copies (one to three consecutive words) cap
+           success: a policy that searched them, opened the first result, chose the
+           options the instruction names and bought would score 0.161 and succeed on
+           1.8%. Searches of a span of any length (one word up to all) would allow 0.683
+           and 47% (3% without the option clicks). A start built so (48-token answers)
+           was tried (2026-11-29) and not shipped: before RL greedy 0.177; RL at this
+           config's settings, 92 steps in 60 min, peaked by step 10 (0.247 / 0.243) and
+           fell back (0.151 / 0.153); with `loss_agg_mode="seq-mean-token-mean"` and
+           learning rate 2e-4, on a host ~1.6x slower (25 / 26 steps), the validation
+           score rose from 0.129 to 0.212 / 0.262 (best 0.302, GiGPO step 10), success
+           1 of 64 at single validations. (Random prefixes on the letter tokenizer, tried
+           2026-11-28: long copies garbled, most product ids miscopied, no RL reward.)
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt
