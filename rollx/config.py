@@ -227,7 +227,8 @@ def default_config() -> ml_collections.ConfigDict:
       # reinforce: a group whose episodes all scored alike carries no policy gradient);
       # their log-prob and train compute is saved, whitening runs over the samples kept.
       drop_zero_advantage_samples=False,
-      # With drop_zero_advantage_samples and token-mean aggregation: equal samples
+      # With drop_zero_advantage_samples and token-mean (or seq-mean-token-mean,
+      # which runs as token-mean over per-sample weights) aggregation: equal samples
       # (same tokens, same advantage sign; step-wise episodes of a group often walk the
       # same states) run the model once, weighted by their count. Exact (the same loss
       # and gradients, rollx.trainer.packing.merge_identical); saves log-prob and train
@@ -820,10 +821,10 @@ def inactive_settings(config: ml_collections.ConfigDict) -> List[str]:
                "dynamic sampling counts groups by advantages taken before the model runs, "
                "which needs drop_zero_advantage_samples=True")
   if (config.merge_identical_samples and config.drop_zero_advantage_samples
-      and config.loss_agg_mode != "token-mean"):
+      and config.loss_agg_mode == "seq-mean-token-sum"):
     out.append("merge_identical_samples is inactive: a merged sample's count is a token "
                f"weight, which loss_agg_mode={config.loss_agg_mode!r} does not honour "
-               "(it needs token-mean)")
+               "(it needs token-mean or seq-mean-token-mean)")
   strategy = config.actor_infer.strategy_args
   if strategy.keep_prefix_across_updates and not strategy.reuse_kv:
     out.append("actor_infer.strategy_args.keep_prefix_across_updates is inactive: no keys/"

@@ -16,6 +16,12 @@ from rollx.algos import correction
 from rollx.models import logprobs
 
 
+# Modes the learner runs as token-mean over packed rows: seq-mean-token-mean with each
+# sample's response tokens weighted 1 / their count (rollx.trainer.packing.
+# per_sample_mean_weights) is the same loss, and its samples then pack and merge.
+TOKEN_WEIGHTED_MODES = ("token-mean", "seq-mean-token-mean")
+
+
 def aggregate(loss_nt: jax.Array, mask_nt: jax.Array, mode: str) -> jax.Array:
   """token-mean: over all response tokens of the batch; seq-mean-token-mean: mean over
   rows of each row's token mean; seq-mean-token-sum: mean over rows of token sums."""

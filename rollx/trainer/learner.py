@@ -44,10 +44,23 @@ def _get(block, dotted: str):
   return block
 
 
+def loss_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The config the roles' losses are bound to: `config`, except that seq-mean-token-mean
+  reads token-mean, because `Learner.learn` hands the losses packed rows whose response
+  masks carry the per-sample weights (losses.TOKEN_WEIGHTED_MODES)."""
+  if config.loss_agg_mode != "seq-mean-token-mean":
+    return config
+  out = config.copy_and_resolve_references()
+  out.loss_agg_mode = "token-mean"
+  return out
+
+
 def actor_trainer(config: ml_collections.ConfigDict, model_config, mesh, total_updates: int
                   ) -> Trainer:
   """The actor_train role's Trainer: the PPO loss and, with `max_update_kl`, the
-  per-update trust region (also what bench/step_memory.py compiles)."""
+  per-update trust region (also what bench/step_memory.py compiles), on packed rows as
+  `Learner.learn` makes them (loss_config)."""
+  config = loss_config(config)
   trust_region = ((functools.partial(losses.update_kl, config), config.max_update_kl)
                   if config.max_update_kl is not None else None)
   return Trainer(model_config, config.actor_train, mesh, functools.partial(losses.actor_loss, config),
@@ -93,10 +106,11 @@ class Learner:
     if self.use_critic:
       cw = c.critic
       critic_mesh = mesh_lib.make_mesh(cw.strategy_args, cw.device_mapping, "critic")
+      lc = loss_config(c)
       self.critic = Trainer(policy.config, cw, critic_mesh,
-                            functools.partial(losses.critic_loss, c), c.max_steps, head="value",
+                            functools.partial(losses.critic_loss, lc), c.max_steps, head="value",
                             role="critic",
-                            weight_fn=functools.partial(losses.loss_weight, c.loss_agg_mode))
+                            weight_fn=functools.partial(losses.loss_weight, lc.loss_agg_mode))
       self.critic_state = self.critic.init_state(hf.critic_params_from_policy(host_params))
     self.kl_ctrl = kl_lib.from_config(c)
     self.rng = jax.random.PRNGKey(c.seed)
@@ -187,7 +201,12 @@ class Learner:
     and actor updates, the KL controller; metrics added to `metrics`."""
     c = self.config
     min_minibatches = 1
-    if adv is not None and c.merge_identical_samples and c.loss_agg_mode == "token-mean":
+    token_weighted = c.loss_agg_mode in losses.TOKEN_WEIGHTED_MODES
+    if c.loss_agg_mode == "seq-mean-token-mean":
+      # each sample's mean as a token mean of weighted tokens (exact), so that it packs
+      samples = dict(samples, response_mask=packing_lib.per_sample_mean_weights(
+          samples["response_mask"]))
+    if adv is not None and c.merge_identical_samples and token_weighted:
       # Equal samples run the model once, weighted by their count (exact: see
       # packing.merge_identical). The step keeps the minibatch count the unmerged
       # samples would have had: the same number of optimizer updates, each on a
@@ -204,7 +223,7 @@ class Learner:
     # Packed rows for everything that runs the model; the unpacked [N, T] view for
     # the per-sample advantage computation (rollx.trainer.packing).
     packing = packing_lib.plan(samples["segment_ids"].sum(axis=1), c.sequence_length,
-                               self.minibatch, pack=c.loss_agg_mode == "token-mean",
+                               self.minibatch, pack=token_weighted,
                                granule=self.granule, min_minibatches=min_minibatches)
     rows = packing.minibatch_rows
     arrays = {"input_ids": packing.pack(samples["input_ids"]),

@@ -129,8 +129,9 @@ def merge_identical(input_ids_nt: np.ndarray, lengths_n: np.ndarray,
   count and the mean advantage: exactly, including PPO's clip and the dual clip, as
   long as the copies' advantages share their sign on every token (for a fixed sign the
   clipped objective is linear in A). The log-prob, reference and train passes then run
-  once per distinct sample. Only under token-mean aggregation (the weight is a token
-  weight; per-row means would count a merged row once).
+  once per distinct sample. Only under token-weighted aggregation (the weight is a token
+  weight; per-row means would count a merged row once): token-mean, and
+  seq-mean-token-mean through `per_sample_mean_weights`.
   """
   n = len(lengths_n)
   lengths_n = np.asarray(lengths_n, np.int64)
@@ -152,6 +153,15 @@ def merge_identical(input_ids_nt: np.ndarray, lengths_n: np.ndarray,
   adv_sum = np.zeros((m,) + adv_nt.shape[1:], np.float64)
   np.add.at(adv_sum, group_n, adv_nt)
   return Merged(index, weight, (adv_sum / weight[:, None]).astype(adv_nt.dtype))
+
+
+def per_sample_mean_weights(response_mask_nt: np.ndarray) -> np.ndarray:
+  """The response mask with each sample's tokens weighing 1 / its response-token count.
+  A token mean under these weights is the mean over samples of each one's token mean
+  (seq-mean-token-mean), exactly, however the samples are packed into rows or merged
+  (a merged copy's count scales its weights): so that mode packs as token-mean does."""
+  mask = np.asarray(response_mask_nt, np.float32)
+  return mask / np.maximum(mask.sum(axis=1, keepdims=True), 1.0)
 
 
 def merge_samples(samples: dict, adv_nt: np.ndarray, returns_nt: np.ndarray,

@@ -156,47 +156,94 @@ def test_merge_identical_groups_equal_tokens_of_one_sign():
   assert m.weight.sum() == len(lengths)
 
 
-@pytest.mark.parametrize("dual_clip", [False, True])
-def test_merged_samples_give_the_actor_loss_and_gradient_of_all_copies(dual_clip):
-  from rollx import config as rollx_config
-  from rollx.algos import losses
-  model, params, lengths, ids, resp, adv = _duplicated_samples()
-  c = rollx_config.default_config()
-  c.use_kl_loss, c.kl_loss_coef, c.entropy_loss_coef = True, 0.3, 0.01
-  c.dual_clip_loss, c.pg_clip = dual_clip, 0.1
-  # the rollout and reference policies: the params moved by noise, so ratios land on
-  # both sides of the clip
-  noise = lambda s, p: jax.tree.map(
-      lambda x, k: x + s * jax.random.normal(k, x.shape), p,
-      jax.tree.unflatten(jax.tree.structure(p),
-                         list(jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(p))))))
-  old_params, ref_params = noise(0.15, params), noise(0.3, params)
+def _moved(params, scale: float):
+  """`params` moved by noise: a rollout or reference policy whose ratios to `params`
+  land on both sides of the clip."""
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(7), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape)
+                                   for x, k in zip(leaves, keys)])
 
-  def loss_and_grad(samples, adv):
-    p = packing.plan(samples["segment_ids"].sum(axis=1), 48)
+
+def _actor_loss_and_grad(c, model, params, samples, adv, width=None):
+  """actor_loss (config `c`) and its gradient on `samples`: packed into rows of `width`
+  tokens, or one sample a row when `width` is None."""
+  from rollx.algos import losses
+  lengths = samples["segment_ids"].sum(axis=1)
+  if width is None:
+    batch = {k: jnp.asarray(samples[k]) for k in ("input_ids", "segment_ids", "response_mask")}
+    batch["advantages"] = jnp.asarray(adv)
+  else:
+    p = packing.plan(lengths, width)
     batch = {"input_ids": jnp.asarray(p.pack(samples["input_ids"])),
              "segment_ids": jnp.asarray(p.segment_ids()),
              "response_mask": jnp.asarray(p.pack(samples["response_mask"])),
              "advantages": jnp.asarray(p.pack(adv))}
-    for name, ps in (("old_logp", old_params), ("ref_logp", ref_params)):
-      batch[name] = logprobs.compute_logprobs(model, ps, batch["input_ids"],
-                                              batch["segment_ids"])[0]
-    (loss, metrics), grads = jax.value_and_grad(
-        lambda q: losses.actor_loss(c, model, q, batch, None), has_aux=True)(params)
-    return loss, metrics, grads
+  for name, ps in (("old_logp", _moved(params, 0.15)), ("ref_logp", _moved(params, 0.3))):
+    batch[name] = logprobs.compute_logprobs(model, ps, batch["input_ids"],
+                                            batch["segment_ids"])[0]
+  (loss, metrics), grads = jax.value_and_grad(
+      lambda q: losses.actor_loss(c, model, q, batch, None), has_aux=True)(params)
+  return loss, metrics, grads
 
+
+@pytest.mark.parametrize("dual_clip", [False, True])
+def test_merged_samples_give_the_actor_loss_and_gradient_of_all_copies(dual_clip):
+  from rollx import config as rollx_config
+  model, params, lengths, ids, resp, adv = _duplicated_samples()
+  c = rollx_config.default_config()
+  c.use_kl_loss, c.kl_loss_coef, c.entropy_loss_coef = True, 0.3, 0.01
+  c.dual_clip_loss, c.pg_clip = dual_clip, 0.1
   samples = {"input_ids": ids, "response_mask": resp,
              "segment_ids": (np.arange(ids.shape[1])[None] < lengths[:, None]).astype(np.int32)}
-  loss, metrics, grads = loss_and_grad(samples, adv)
+  loss, metrics, grads = _actor_loss_and_grad(c, model, params, samples, adv, 48)
   assert 0 < float(metrics["clip_fraction"]) < 1
   merged_samples, merged_adv, _, m = packing.merge_samples(samples, adv, adv)
   assert len(m.index) == 10
-  loss_m, metrics_m, grads_m = loss_and_grad(merged_samples, merged_adv)
+  loss_m, metrics_m, grads_m = _actor_loss_and_grad(c, model, params, merged_samples,
+                                                    merged_adv, 48)
   np.testing.assert_allclose(float(loss_m), float(loss), rtol=1e-5)
   for k in ("pg_loss", "kl_loss", "entropy", "clip_fraction", "approx_kl"):
     np.testing.assert_allclose(float(metrics_m[k]), float(metrics[k]), rtol=1e-5, err_msg=k)
   for a, b in zip(jax.tree.leaves(grads_m), jax.tree.leaves(grads)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_seq_mean_token_mean_packed_and_merged_gives_the_one_sample_a_row_loss():
+  # what Learner.learn does under seq-mean-token-mean: per-sample token weights, merged
+  # copies, packed rows, the loss bound to token-mean; against that mode's own loss with
+  # one sample a row. Responses of 1-3 tokens: unweighted packing would count a long
+  # response's tokens more.
+  from rollx import config as rollx_config
+  from rollx.trainer import learner
+  model, params, lengths, ids, resp, adv = _duplicated_samples()
+  adv_n = adv.sum(axis=1) / resp.sum(axis=1)
+  resp = np.zeros_like(resp)
+  for i, k in enumerate(lengths):
+    resp[i, k - 1 - k % 4:k] = 1
+  assert len(set(resp.sum(axis=1))) >= 3
+  adv = adv_n[:, None] * resp
+  c = rollx_config.default_config()
+  c.use_kl_loss, c.kl_loss_coef, c.entropy_loss_coef = True, 0.3, 0.01
+  c.pg_clip, c.loss_agg_mode = 0.1, "seq-mean-token-mean"
+  samples = {"input_ids": ids, "response_mask": resp,
+             "segment_ids": (np.arange(ids.shape[1])[None] < lengths[:, None]).astype(np.int32)}
+  loss, metrics, grads = _actor_loss_and_grad(c, model, params, samples, adv)
+  weighted = dict(samples, response_mask=packing.per_sample_mean_weights(resp))
+  merged_samples, merged_adv, _, m = packing.merge_samples(weighted, adv, adv)
+  assert len(m.index) < len(lengths)
+  packed_c = learner.loss_config(c)
+  assert packed_c.loss_agg_mode == "token-mean" and c.loss_agg_mode == "seq-mean-token-mean"
+  loss_p, metrics_p, grads_p = _actor_loss_and_grad(packed_c, model, params, merged_samples,
+                                                    merged_adv, 48)
+  np.testing.assert_allclose(float(loss_p), float(loss), rtol=1e-5)
+  for k in ("pg_loss", "kl_loss", "entropy"):
+    np.testing.assert_allclose(float(metrics_p[k]), float(metrics[k]), rtol=1e-5, err_msg=k)
+  for a, b in zip(jax.tree.leaves(grads_p), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  # and token-mean over the same packed rows without the weights is a different loss
+  loss_t, _, _ = _actor_loss_and_grad(packed_c, model, params, samples, adv, 48)
+  assert abs(float(loss_t) - float(loss)) > 1e-3
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
