@@ -71,11 +71,14 @@ def get_config():
   config.val_batch_size = 64  # 64 unseen instructions, greedy
   # the longest sample: ~40 prompt tokens + a results page of 3 titles and the search line
   # (<= ~500 tokens with the grid games' tokenizer, about half with the start's shop words)
-  # + a 32-token answer
+  # + a 48-token answer
   config.sequence_length = 640
   config.adv_estimator = "gigpo"  # step-level advantages among the same page's steps
   config.gigpo_omega = 1.0
   config.episode_reward_gamma = 0.95  # a purchase after fewer wasted clicks scores higher
+  # each step's answer weighs alike: under token-mean a 40-token search outweighs the
+  # one-token clicks (options, Buy Now) that decide success
+  config.loss_agg_mode = "seq-mean-token-mean"
   config.min_informative_groups = 0  # one rollout round a step: steps stay short on a CPU
   config.max_rollout_rounds = 1
   # the tool model, the shop's words added to its vocabulary (a word copied is one token),
@@ -84,11 +87,13 @@ def get_config():
   # (rollx.recipes.webshop_start, which rebuilds it in ~31 min)
   config.pretrain = models.DEFAULT_WEBSHOP_MODEL_DIR
   config.warm_start_steps = 0
+  # frozenlake's 5e-4 raised the validation score by step 10 on this start, then lost it
+  config.actor_train.training_args.learning_rate = 2e-4
   config.actor_train.training_args.per_device_train_batch_size = 16  # packed 640-token rows
   config.critic.training_args.per_device_train_batch_size = 16
   config.actor_infer.strategy_args.max_prefill_length = 1024  # a power of two (prefill buckets)
   config.actor_infer.strategy_args.max_cache_length = 1024
-  config.actor_infer.generating_args.max_new_tokens = 32
+  config.actor_infer.generating_args.max_new_tokens = 48
 
   for manager in (config.train_env_manager, config.val_env_manager):
     manager.env_manager_type = "step"
@@ -112,9 +117,9 @@ def get_config():
   config.custom_envs = {}
   config.custom_envs.WebShop = rollx_config.env_entry(
       "WebShop", env_config=dict(env_config, split="train"),
-      max_tokens_per_step=32,  # a search of a few instruction words, or a click
+      max_tokens_per_step=48,  # a search of up to the whole instruction (<= 44 tokens)
       **prompts.COMPACT_PROMPTS["WebShop"])
   config.custom_envs.WebShopVal = rollx_config.env_entry(
       "WebShop", env_config=dict(env_config, split="validation"),
-      max_tokens_per_step=32, **prompts.COMPACT_PROMPTS["WebShop"])
+      max_tokens_per_step=48, **prompts.COMPACT_PROMPTS["WebShop"])
   return config

@@ -226,12 +226,12 @@ class WebShop(base.TextEnv):
             "choose it, Buy Now to buy the open product with the chosen options.")
 
   def sample_valid_response(self, rng: np.random.Generator) -> str:
-    """A uniformly random valid action: on the search page a search for one to three
-    consecutive words of the instruction (short: a response has a token budget),
-    elsewhere a uniformly random clickable."""
+    """A uniformly random valid action: on the search page a search for a span of the
+    instruction's words, its length uniform from one word to all of them, elsewhere a
+    uniformly random clickable."""
     if self.page == "search":
       words = self.goal.instruction.split()
-      k = int(rng.integers(1, min(3, len(words)) + 1))
+      k = int(rng.integers(1, len(words) + 1))
       start = int(rng.integers(0, len(words) - k + 1))
       return f"<answer>search[{' '.join(words[start:start + k])}]</answer>"
     clickables = self.clickables()

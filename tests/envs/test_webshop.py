@@ -3,6 +3,7 @@ an oracle and a random policy, and fuzzed actions."""
 
 import json
 import os
+import re
 
 import gymnasium
 import numpy as np
@@ -111,6 +112,22 @@ def test_an_oracle_buys_the_goal_on_validation_and_a_random_policy_rarely_does()
   rng = np.random.default_rng(0)
   random = [play(env, "random", seed, rng) for seed in range(300)]
   assert np.mean([s for _, s, _ in random]) < 0.1 and 0 < np.mean([r for r, _, _ in random]) < 0.5
+
+
+def test_a_random_search_is_a_span_of_the_instruction_of_any_length():
+  # the warm start copies these searches: spans up to the whole instruction leave a
+  # policy room to learn which words to search (a 1-3 word span caps success near 2%)
+  env = envs.make_env("WebShop", {"split": "train"})
+  env.reset(seed=5)
+  words = env.goal.instruction.split()
+  rng = np.random.default_rng(0)
+  lengths = set()
+  for _ in range(2000):
+    answer = env.sample_valid_response(rng)
+    query = re.fullmatch(r"<answer>search\[(.*)\]</answer>", answer).group(1).split()
+    assert any(words[i:i + len(query)] == query for i in range(len(words))), answer
+    lengths.add(len(query))
+  assert lengths == set(range(1, len(words) + 1))
 
 
 def test_training_and_validation_goals_come_from_disjoint_products():
@@ -367,7 +384,7 @@ def test_the_shipped_webshop_start_is_its_recipe(tmp_path):
   out = tmp_path / "shop"
   subprocess.run([sys.executable, "-m", "rollx.recipes.webshop_start", f"--out_dir={out}"],
                  cwd=ROOT, env=env, check=True)
-  rebuilt = load_file(os.path.join(out, "model.safetensors"))
+  rebuilt = load_file(str(out / "model.safetensors"))
   shipped = load_file(os.path.join(models.DEFAULT_WEBSHOP_MODEL_DIR, "model.safetensors"))
   assert rebuilt.keys() == shipped.keys()
   for k in shipped:
