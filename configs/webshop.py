@@ -8,44 +8,32 @@ Command:   python -m rollx.train --config=configs/webshop.py
            learning curve: python -m rollx.curve --config=configs/webshop.py --minutes=60
            --seed=1
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
-Runtime:   (2026-11-29, 2 CPU cores) ~10-40 s per RL step with a second run beside it
+Runtime:   (2026-11-29, 2 CPU cores) ~55 s per RL step with a second run beside it
            (rollout of 32 episodes x <= 8 actions, ~200-token pages with the start's
            shop words); the start is shipped (rollx/models/default_webshop; its recipe
-           takes ~31 min).
-Expected:  learns to buy and raises the mean reward; success stays at chance. GiGPO and
-           GRPO, seed 1, 60 min each, the two runs at once on the 2 cores (144 / 238
-           steps of 32 episodes; 2026-11-29, commit 769a916): greedy validation on 64
-           unseen instructions, mean reward 0.000 at step 0 -> best 0.147 (GiGPO, step
-           70) / 0.129 (GRPO, step 105), 0.088 / 0.078 at the end; validation success
-           1 of 64 at one validation (GiGPO) / four (GRPO) of 29 / 48, 0 at the end;
-           5 / 16 training successes in all (a GRPO step at 25%: one group solved its
-           instruction). On these instructions (bench/webshop_env.py) a uniformly
-           random valid action each step scores a mean purchase reward of 0.044 and
-           succeeds on 0.1%; copying words without knowing which matter (three of the
-           instruction's first eight searched, the first result opened, the options
-           the instruction names chosen) scores 0.472 and succeeds on 13.0%; the same
-           with the whole instruction searched scores 0.959 and succeeds on 85.5%; an
-           oracle that reads the goal succeeds on 100%.
-           Why the reward stays low: the greedy policy ends up searching one or two
-           fixed queries for every instruction (`search[free]` in all 64 validation
-           episodes at the end of the GRPO run, which buys in all of them; GiGPO:
-           `search[free]` / `search[small]`), opens the first result and buys: it
-           learns which clicks lead to a purchase, not which words of the instruction
-           to search. The start before the shop words (same warm start, letters for
-           tokens; commit 53c13da) plateaued the same way, lower and slower: 58 / 56
-           steps in 60 min, best 0.068 / 0.090, success 0 throughout.
-           The random searches the start copies (one to three consecutive words) cap
-           success: a policy that searched them, opened the first result, chose the
-           options the instruction names and bought would score 0.161 and succeed on
-           1.8%. Searches of a span of any length (one word up to all) would allow 0.683
-           and 47% (3% without the option clicks). A start built so (48-token answers)
-           was tried (2026-11-29) and not shipped: before RL greedy 0.177; RL at this
-           config's settings, 92 steps in 60 min, peaked by step 10 (0.247 / 0.243) and
-           fell back (0.151 / 0.153); with `loss_agg_mode="seq-mean-token-mean"` and
-           learning rate 2e-4, on a host ~1.6x slower (25 / 26 steps), the validation
-           score rose from 0.129 to 0.212 / 0.262 (best 0.302, GiGPO step 10), success
-           1 of 64 at single validations. (Random prefixes on the letter tokenizer, tried
-           2026-11-28: long copies garbled, most product ids miscopied, no RL reward.)
+           takes ~31-54 min).
+Expected:  raises the mean reward; success stays sporadic. GiGPO and GRPO, seed 1,
+           60 min each, the two runs at once on the 2 cores (64 steps of 32 episodes
+           each; 2026-11-29, commit 9f61274): greedy validation on 64 unseen
+           instructions, mean reward 0.129 at step 0 -> mean 0.237 / 0.218 over the 12
+           later validations (best 0.286 at step 15 / 0.279 at step 5), 0.261 / 0.215
+           at the end (step 60); validation success 2 and 1 of 64 at two validations
+           (GiGPO) / 1 of 64 at one (GRPO), else 0; 4 / 9 training successes in all.
+           On these instructions (bench/webshop_env.py) a uniformly random valid action
+           each step (the start's prior: a search of a random span of the instruction,
+           then random clicks) scores a mean purchase reward of 0.130 and succeeds on
+           1.2%; copying words without knowing which matter (three of the instruction's
+           first eight searched, the first result opened, the options the instruction
+           names chosen) 0.462 and 11.9%; the same with the whole instruction searched
+           0.959 and 85.5%; an oracle that reads the goal 100%.
+           What holds success back: the option clicks. A policy that searched a random
+           span, opened the first result, chose the options the instruction names and
+           bought would succeed on 47% (3% without the option clicks; searches of one to
+           three words, the start shipped before, cap it at 1.8%). That start, RL at
+           token-mean and learning rate 5e-4, made 144 / 238 steps (packed rows) and
+           its greedy policy ended searching one fixed query (`search[free]`) for every
+           instruction: best 0.147 / 0.129, 0.088 / 0.078 at the end. This start at those
+           settings peaked by step 10 (0.247 / 0.243) and fell back (0.151 / 0.153).
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt
