@@ -72,7 +72,7 @@ def get_config():
   # the tool model, the shop's words added to its vocabulary (a word copied is one token),
   # warm started on random-valid-action WebShop pages (no reward, no task signal),
   # shipped: its copy pretraining lets a click carry a product id off the page
-  # (rollx.recipes.webshop_start, which rebuilds it in ~31 min)
+  # (rollx.recipes.webshop_start, which rebuilds it in ~31-54 min)
   config.pretrain = models.DEFAULT_WEBSHOP_MODEL_DIR
   config.warm_start_steps = 0
   # frozenlake's 5e-4 raised the validation score by step 10 on this start, then lost it

@@ -1,7 +1,7 @@
 """The shipped WebShop start: the tool model, with the shop's words in its vocabulary,
 warm started on WebShop random-play pages.
 
-    python -m rollx.recipes.webshop_start    # ~31 min on 2 CPU cores
+    python -m rollx.recipes.webshop_start    # ~31-54 min on 2 CPU cores
 
 rebuilds `rollx/models/default_webshop/`, which configs/webshop.py starts RL from. A
 WebShop action must copy words from the page: the instruction's words into
@@ -11,23 +11,27 @@ in its copy pretraining on random strings of digits (its calculator demonstratio
 arithmetic, nothing of shopping). Two steps on it:
 1. vocabulary (rollx.recipes.vocab): its tokenizer, trained on grid games, cuts a shop
    word into letters ("gluten free snack bars": 19 tokens); the frequent words of 300
-   random-play episodes' pages, each with and without its leading space (1,064 forms),
-   become one token each (3,164 new tokens with the merges' intermediate pieces, vocab
+   random-play episodes' pages, each with and without its leading space (1,070 forms),
+   become one token each (3,178 new tokens with the merges' intermediate pieces, vocab
    3,840), embedded as the mean of the pieces they replace. A
    page is then ~2.2x fewer tokens, and a search copies a few tokens where it copied
    dozens. Product ids keep their single-digit tokens: the digits the copy pretraining
    taught.
 2. the warm start of rollx.recipes.warm_start for configs/webshop.py's env: random-
    valid-action transcripts of WebShop pages (no reward, no task signal: each answer is
-   a uniformly random valid action of its page), loss on the answers alone
-   (`warm_start_responses_only`): the pages are context. 800 steps, final nll 0.34.
+   a uniformly random valid action of its page; a search is a span of the instruction,
+   its length uniform from one word to all), loss on the answers alone
+   (`warm_start_responses_only`): the pages are context. 800 steps, final nll 0.41.
 Measured 2026-11-29 (sampled, temperature 1, 64 validation instructions x 4,
-`python -m rollx.eval --config=configs/webshop.py --k=4 --samples=4 --episodes=64`):
-8.2% invalid actions, 260 of 317 product-id clicks valid, a purchase in 13% of the
-episodes (34 of 256), no success (a random purchase rarely matches the goal). The same
-warm start without the new words (the start shipped before) made 16% invalid actions and
-bought in 4% of the episodes; the default model with loss on every token (200 steps)
-clicked no product in 1,178 results-page actions.
+`python -m rollx.eval --config=configs/webshop.py --checkpoint=rollx/models/default_webshop
+--k=4 --samples=4 --episodes=64`): 11.7% invalid actions, 303 of 363 product-id clicks
+valid, a purchase in 30% of the episodes (78 of 256), no success; 31 of 254 first
+searches are an exact span of the instruction (long copies come out garbled: "looking for
+arch support and machine wash beef"). Greedy, it scores 0.129 on configs/webshop.py's
+validation (RL takes it to ~0.24 in 60 min). The start before this one, whose random
+searches were one to three words, made 8.2% invalid actions and bought in 13%; without
+the new words 16% and 4%; the default model with loss on every token (200 steps) clicked
+no product in 1,178 results-page actions.
 
 A run builds a start without the new words itself (the earlier recipe) with
     --config.pretrain=rollx/models/default_tools --config.warm_start_steps=800
