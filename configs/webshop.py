@@ -33,9 +33,9 @@ Expected:  raises the mean reward; success stays sporadic. GiGPO and GRPO, seed 
            without the option clicks; searches of one to three words, the start shipped
            before, cap it at 1.8%). That start, RL at token-mean and learning rate 5e-4,
            made 144 / 238 steps and its greedy policy ended searching one fixed query
-           (`search[free]`) for every
-           instruction: best 0.147 / 0.129, 0.088 / 0.078 at the end. This start at those
-           settings peaked by step 10 (0.247 / 0.243) and fell back (0.151 / 0.153).
+           (`search[free]`) for every instruction: best 0.147 / 0.129, 0.088 / 0.078 at
+           the end. This start at those settings peaked by step 10 (0.247 / 0.243) and
+           fell back (0.151 / 0.153).
 
 Each env step is one sample: the instruction and the current page (the instruction is
 on every page and the item page shows the options chosen, so a history-free prompt
