@@ -203,7 +203,8 @@ class Learner:
     min_minibatches = 1
     token_weighted = c.loss_agg_mode in losses.TOKEN_WEIGHTED_MODES
     if c.loss_agg_mode == "seq-mean-token-mean":
-      # each sample's mean as a token mean of weighted tokens (exact), so that it packs
+      # each sample's mean as a token mean of weighted tokens (exact), so that it packs;
+      # the masked means logged (kl, approx_kl, clip_fraction) then weigh samples alike too
       samples = dict(samples, response_mask=packing_lib.per_sample_mean_weights(
           samples["response_mask"]))
     if adv is not None and c.merge_identical_samples and token_weighted:
