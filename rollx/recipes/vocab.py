@@ -8,7 +8,8 @@ search copies the instruction's words) then copies long token strings. This appe
 merges that join each chosen word (the most tokens saved: count x (pieces - 1)) into one
 token, and gives each new token the mean embedding of the pieces it replaces (as in
 vocabulary-transfer work, e.g. Gee et al. 2022, "Fast Vocabulary Transfer"), so the model
-starts from what it read before. Merges appended after the existing ones only apply once
+starts from what it read before, plus random noise of the embeddings' own spread, so that
+words spelt alike start apart (a copy must tell them apart). Merges appended after the existing ones only apply once
 those are done: every text the old tokenizer read is still read the same way up to the
 new merges, and decoding is unchanged. The tokenizer file is edited as JSON: the
 `tokenizers` library trains a BPE from scratch but cannot append merges to one.
@@ -92,9 +93,18 @@ def _append_merges(tokenizer_json: dict, words: List[str], tokenizer_of) -> List
 
 
 def extend_vocabulary(model_dir: str, texts: Iterable[str], max_words: int = 600,
-                      min_count: int = 5, pad_to: int = 128) -> dict:
+                      min_count: int = 5, pad_to: int = 128, spread: float = 1.0,
+                      seed: int = 0) -> dict:
   """Extends the tokenizer and the (tied or untied) embeddings of the HF model in
-  `model_dir` in place with the frequent words of `texts`; returns what it did."""
+  `model_dir` in place with the frequent words of `texts`; returns what it did.
+
+  A new token's embedding (and untied head column) is the mean of its pieces' plus
+  Gaussian noise of `spread` times the old rows' per-dimension standard deviation.
+  Why the noise: the pieces' mean alone leaves words of one kind nearly equal (colours,
+  shoe types: in a WebShop start, after 800 warm-start steps, each new word's nearest new
+  word sat at cosine 0.95 on average, "ankle" ~ "running" 0.87, "brown" ~ "pink" 0.83), and
+  the policy's copies swapped them ("arch support ankle boots" -> "arch support ... loafers").
+  """
   from tokenizers import Tokenizer
   import transformers
   from rollx.models import hf
@@ -129,12 +139,15 @@ def extend_vocabulary(model_dir: str, texts: Iterable[str], max_words: int = 600
   if head is not None:  # (hidden, vocab)
     head = np.concatenate([head, np.zeros((head.shape[0], vocab_size - head.shape[1]),
                                           np.float32)], axis=1)
+  rng = np.random.default_rng(seed)
+  embed_spread = spread * embed.std(axis=0)
+  head_spread = None if head is None else spread * head[:, :len(embed)].std(axis=1)
   for token in new_tokens:
     # the old tokenizer's pieces of the same text: what the model used to read for it
     old = [vocab[p] for p in _pieces(tokenizer, token)]
-    grown[vocab[token]] = embed[old].mean(axis=0)
+    grown[vocab[token]] = embed[old].mean(axis=0) + rng.normal(0.0, embed_spread)
     if head is not None:
-      head[:, vocab[token]] = head[:, old].mean(axis=1)
+      head[:, vocab[token]] = head[:, old].mean(axis=1) + rng.normal(0.0, head_spread)
   params = dict(params, embed_tokens=grown, **({} if head is None else {"lm_head": head}))
   cfg = dataclasses.replace(cfg, vocab_size=vocab_size)
   hf.save_pretrained(params, cfg, model_dir)

@@ -56,8 +56,10 @@ def test_every_text_decodes_to_itself_and_the_special_tokens_keep_their_ids(exte
       old.apply_chat_template(message, tokenize=False)
 
 
-def test_new_embeddings_are_the_mean_of_the_pieces_they_replace(extended):
-  out, report = extended
+def test_new_embeddings_are_the_mean_of_the_pieces_they_replace(tmp_path):
+  out = str(tmp_path / "model")
+  shutil.copytree(models.DEFAULT_MODEL_DIR, out)
+  report = vocab.extend_vocabulary(out, TEXTS, max_words=40, spread=0.0)
   old_tok, new_tok = hf.load_tokenizer(models.DEFAULT_MODEL_DIR), hf.load_tokenizer(out)
   before = load_file(os.path.join(models.DEFAULT_MODEL_DIR, "model.safetensors"))
   after = load_file(os.path.join(out, "model.safetensors"))
@@ -83,6 +85,31 @@ def test_new_embeddings_are_the_mean_of_the_pieces_they_replace(extended):
   models.load_model(out)  # loads as any model
 
 
+def test_new_embeddings_start_apart_by_noise_of_the_embeddings_spread(extended):
+  """Words spelt alike (" gluten" and "gluten": all pieces but the space shared) would start
+  nearly equal from their pieces' means; the noise sets them apart, at the old rows' scale."""
+  out, _ = extended
+  old_tok, new_tok = hf.load_tokenizer(models.DEFAULT_MODEL_DIR), hf.load_tokenizer(out)
+  name = "model.embed_tokens.weight"
+  before = load_file(os.path.join(models.DEFAULT_MODEL_DIR, "model.safetensors"))[name]
+  after = load_file(os.path.join(out, "model.safetensors"))[name]
+  new_ids = range(len(old_tok), len(new_tok))
+  means = np.stack([before[old_tok.encode(new_tok.decode([i]), add_special_tokens=False)]
+                    .mean(axis=0) for i in new_ids])
+  noise = after[list(new_ids)] - means
+  assert len(new_ids) >= 30
+  ratio = noise.std(axis=0) / before.std(axis=0)
+  assert 0.75 < ratio.mean() < 1.25 and abs(noise.mean()) < 0.2 * before.std()
+
+  def cos(a, b):
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+  spaced, bare = (new_tok.encode(w, add_special_tokens=False)[0] for w in (" gluten", "gluten"))
+  at = {i: k for k, i in enumerate(new_ids)}
+  alike = cos(means[at[spaced]], means[at[bare]])
+  assert alike > 0.9 and cos(after[spaced], after[bare]) < alike - 0.2
+
+
 def test_a_corpus_with_nothing_frequent_changes_no_tokenization(tmp_path):
   out = str(tmp_path / "model")
   shutil.copytree(models.DEFAULT_MODEL_DIR, out)
@@ -102,7 +129,7 @@ def test_an_untied_head_grows_as_the_embeddings_do(tmp_path):
   head = np.asarray(params["embed_tokens"]).T * 0.5 + 0.01
   hf.save_pretrained(dict(params, lm_head=head), dataclasses.replace(cfg, tie_word_embeddings=False),
                      out)
-  vocab.extend_vocabulary(out, TEXTS, max_words=40)
+  vocab.extend_vocabulary(out, TEXTS, max_words=40, spread=0.0)
   after = models.load_model(out).params
   (token,) = hf.load_tokenizer(out).encode(" gluten", add_special_tokens=False)
   pieces = hf.load_tokenizer(models.DEFAULT_MODEL_DIR).encode(" gluten", add_special_tokens=False)
