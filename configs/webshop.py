@@ -11,7 +11,7 @@ Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
 Runtime:   (2026-11-29, 2 CPU cores) ~55 s per RL step with a second run beside it
            (rollout of 32 episodes x <= 8 actions, ~200-token pages with the start's
            shop words); the start is shipped (rollx/models/default_webshop; its recipe
-           takes ~31-54 min).
+           takes ~31-75 min).
 Expected:  raises the mean reward; success stays sporadic. GiGPO and GRPO, seed 1,
            60 min each, the two runs at once on the 2 cores (64 steps of 32 episodes
            each; 2026-11-29, commit 9f61274): greedy validation on 64 unseen
@@ -74,7 +74,7 @@ def get_config():
   # the tool model, the shop's words added to its vocabulary (a word copied is one token),
   # warm started on random-valid-action WebShop pages (no reward, no task signal),
   # shipped: its copy pretraining lets a click carry a product id off the page
-  # (rollx.recipes.webshop_start, which rebuilds it in ~31-54 min)
+  # (rollx.recipes.webshop_start, which rebuilds it in ~31-75 min)
   config.pretrain = models.DEFAULT_WEBSHOP_MODEL_DIR
   config.warm_start_steps = 0
   # frozenlake's 5e-4 raised the validation score by step 10 on this start, then lost it

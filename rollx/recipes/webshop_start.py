@@ -1,7 +1,7 @@
 """The shipped WebShop start: the tool model, with the shop's words in its vocabulary,
 warm started on WebShop random-play pages.
 
-    python -m rollx.recipes.webshop_start    # ~31-54 min on 2 CPU cores
+    python -m rollx.recipes.webshop_start    # ~31-75 min on 2 CPU cores
 
 rebuilds `rollx/models/default_webshop/`, which configs/webshop.py starts RL from. A
 WebShop action must copy words from the page: the instruction's words into
@@ -13,7 +13,8 @@ arithmetic, nothing of shopping). Two steps on it:
    word into letters ("gluten free snack bars": 19 tokens); the frequent words of 300
    random-play episodes' pages, each with and without its leading space (1,070 forms),
    become one token each (3,178 new tokens with the merges' intermediate pieces, vocab
-   3,840), embedded as the mean of the pieces they replace. A
+   3,840), embedded as the mean of the pieces they replace plus noise of the embeddings'
+   spread (rollx.recipes.vocab: words of one kind, "brown" / "pink", start apart). A
    page is then ~2.2x fewer tokens, and a search copies a few tokens where it copied
    dozens. Product ids keep their single-digit tokens: the digits the copy pretraining
    taught.
@@ -21,17 +22,22 @@ arithmetic, nothing of shopping). Two steps on it:
    valid-action transcripts of WebShop pages (no reward, no task signal: each answer is
    a uniformly random valid action of its page; a search is a span of the instruction,
    its length uniform from one word to all), loss on the answers alone
-   (`warm_start_responses_only`): the pages are context. 800 steps, final nll 0.41.
-Measured 2026-11-29 (sampled, temperature 1, 64 validation instructions x 4,
-`python -m rollx.eval --config=configs/webshop.py --checkpoint=rollx/models/default_webshop
---k=4 --samples=4 --episodes=64`): 11.7% invalid actions, 303 of 363 product-id clicks
-valid, a purchase in 30% of the episodes (78 of 256), no success; 31 of 254 first
-searches are an exact span of the instruction (long copies come out garbled: "looking for
-arch support and machine wash beef"). Greedy, it scores 0.129 on configs/webshop.py's
-validation (RL takes it to ~0.24 in 60 min). The start before this one, whose random
-searches were one to three words, made 8.2% invalid actions and bought in 13%; without
-the new words 16% and 4%; the default model with loss on every token (200 steps) clicked
-no product in 1,178 results-page actions.
+   (`warm_start_responses_only`): the pages are context. 800 steps, final nll 0.35.
+Measured 2026-11-29 on 64 validation instructions (`python -m rollx.eval
+--config=configs/webshop.py --checkpoint=rollx/models/default_webshop`, greedy; sampled at
+temperature 1 with `--k=4 --samples=4 --episodes=64`): greedy, mean reward 0.206, one
+success, 5.7% invalid actions, a purchase in 33 of 64; sampled, 12.0% invalid, 305 of 375
+product-id clicks valid, a purchase in 83 of 256, 40 of 253 first searches an exact span of
+the instruction. Long copies still slip where a word recurs ("... high protein and sugar
+free and sugar free granola bars" for "... high protein and sugar free beef jerky"). The same recipe with the new words at
+their pieces' mean alone left each new word's nearest new word at cosine 0.95 on average
+(0.76 with the noise): greedy 0.147, sampled 31 of 254 exact first searches, 78 purchases.
+A copy drill tried on that start (200 steps, half of them searches of instructions whose words
+were shuffled, so that no word order predicts the next word) copied no more exactly (32 of
+254) and its greedy policy stopped buying. The start whose random searches were one to
+three words made 8.2% invalid actions and bought in 13%; without the new words 16% and
+4%; the default model with loss on every token (200 steps) clicked no product in 1,178
+results-page actions.
 
 A run builds a start without the new words itself (the earlier recipe) with
     --config.pretrain=rollx/models/default_tools --config.warm_start_steps=800

@@ -364,7 +364,7 @@ def test_the_webshop_start_recipe_trains_the_tool_model_on_answers_alone(tmp_pat
   assert sorted(os.listdir(out)) == sorted(os.listdir(models.DEFAULT_TOOLS_MODEL_DIR))
 
 
-@pytest.mark.slow  # ~31-54 min on 2 cores
+@pytest.mark.slow  # ~31-75 min on 2 cores
 def test_the_shipped_webshop_start_is_its_recipe(tmp_path):
   """`python -m rollx.recipes.webshop_start` rebuilds rollx/models/default_webshop bit for
   bit (on the kind of CPU that built it: another one's float rounding may differ).
