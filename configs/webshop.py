@@ -13,12 +13,14 @@ Runtime:   (2026-11-29, 2 CPU cores) ~55 s per RL step with a second run beside 
            shop words); the start is shipped (rollx/models/default_webshop; its recipe
            takes ~31-75 min).
 Expected:  raises the mean reward; success stays sporadic. GiGPO and GRPO, seed 1,
-           60 min each, the two runs at once on the 2 cores (64 steps of 32 episodes
-           each; 2026-11-29, commit 9f61274): greedy validation on 64 unseen
-           instructions, mean reward 0.129 at step 0 -> mean 0.237 / 0.218 over the 12
-           later validations (best 0.286 at step 15 / 0.279 at step 5), 0.261 / 0.215
-           at the end (step 60); validation success 2 and 1 of 64 at two validations
-           (GiGPO) / 1 of 64 at one (GRPO), else 0; 4 / 9 training successes in all.
+           60 min each, the two runs at once on the 2 cores (71 / 76 steps of 32
+           episodes; 2026-11-29, commit 268758a): greedy validation on 64 unseen
+           instructions, mean reward 0.194 at step 0 -> mean 0.371 / 0.354 over the
+           later validations (best 0.446 at step 20 / 0.471 at step 25), 0.387 / 0.294
+           at the end; validation success 2 of 64 at step 0, 1-2 of 64 at 5 of 14 / 7 of
+           15 later validations, 0 at the end; 35 / 21 training successes in all. The
+           start before (its new words at their pieces' mean, copying less exactly):
+           0.129 -> mean 0.237 / 0.218, 4 / 9 training successes.
            On these instructions (bench/webshop_env.py) a uniformly random valid action
            each step (the start's prior: a search of a random span of the instruction,
            then random clicks) scores a mean purchase reward of 0.130 and succeeds on
@@ -27,14 +29,15 @@ Expected:  raises the mean reward; success stays sporadic. GiGPO and GRPO, seed 
            names chosen) 0.462 and 11.9%; the same with the whole instruction searched
            0.959 and 85.5%; an oracle that reads the goal 100%.
            What holds success back: copies and option clicks. The start copies few
-           searches exactly (31 of 254 sampled first searches are a span of the
-           instruction). A policy that searched a random span, opened the first result,
-           chose the options the instruction names and bought would succeed on 47% (3%
-           without the option clicks; searches of one to three words, the start shipped
-           before, cap it at 1.8%). That start, RL at token-mean and learning rate 5e-4,
-           made 144 / 238 steps and its greedy policy ended searching one fixed query
-           (`search[free]`) for every instruction: best 0.147 / 0.129, 0.088 / 0.078 at
-           the end. This start at those settings peaked by step 10 (0.247 / 0.243) and
+           searches exactly (40 of 253 sampled first searches are a span of the
+           instruction); greedy, it loops on one option click or Description / < Prev. A
+           policy that searched a random span, opened the first result, chose the options
+           the instruction names and bought would succeed on 47% (3% without the option
+           clicks; searches of one to three words, the start shipped before, cap it at
+           1.8%). That start, RL at token-mean and learning rate 5e-4, made 144 / 238
+           steps and its greedy policy ended searching one fixed query (`search[free]`)
+           for every instruction: best 0.147 / 0.129, 0.088 / 0.078 at the end.
+           The any-span start at those settings peaked by step 10 (0.247 / 0.243) and
            fell back (0.151 / 0.153).
 
 Each env step is one sample: the instruction and the current page (the instruction is

@@ -9,10 +9,11 @@ merges that join each chosen word (the most tokens saved: count x (pieces - 1)) 
 token, and gives each new token the mean embedding of the pieces it replaces (as in
 vocabulary-transfer work, e.g. Gee et al. 2022, "Fast Vocabulary Transfer"), so the model
 starts from what it read before, plus random noise of the embeddings' own spread, so that
-words spelt alike start apart (a copy must tell them apart). Merges appended after the existing ones only apply once
-those are done: every text the old tokenizer read is still read the same way up to the
-new merges, and decoding is unchanged. The tokenizer file is edited as JSON: the
-`tokenizers` library trains a BPE from scratch but cannot append merges to one.
+words spelt alike start apart (a copy must tell them apart). Merges appended after the
+existing ones only apply once those are done: every text the old tokenizer read is still
+read the same way up to the new merges, and decoding is unchanged. The tokenizer file is
+edited as JSON: the `tokenizers` library trains a BPE from scratch but cannot append
+merges to one.
 """
 
 from __future__ import annotations

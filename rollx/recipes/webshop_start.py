@@ -27,17 +27,17 @@ Measured 2026-11-29 on 64 validation instructions (`python -m rollx.eval
 --config=configs/webshop.py --checkpoint=rollx/models/default_webshop`, greedy; sampled at
 temperature 1 with `--k=4 --samples=4 --episodes=64`): greedy, mean reward 0.206, one
 success, 5.7% invalid actions, a purchase in 33 of 64; sampled, 12.0% invalid, 305 of 375
-product-id clicks valid, a purchase in 83 of 256, 40 of 253 first searches an exact span of
-the instruction. Long copies still slip where a word recurs ("... high protein and sugar
-free and sugar free granola bars" for "... high protein and sugar free beef jerky"). The same recipe with the new words at
-their pieces' mean alone left each new word's nearest new word at cosine 0.95 on average
-(0.76 with the noise): greedy 0.147, sampled 31 of 254 exact first searches, 78 purchases.
-A copy drill tried on that start (200 steps, half of them searches of instructions whose words
-were shuffled, so that no word order predicts the next word) copied no more exactly (32 of
-254) and its greedy policy stopped buying. The start whose random searches were one to
-three words made 8.2% invalid actions and bought in 13%; without the new words 16% and
-4%; the default model with loss on every token (200 steps) clicked no product in 1,178
-results-page actions.
+product-id clicks valid, a purchase in 83 of 256, 40 of 253 first searches an exact span
+of the instruction. Long copies still slip where a word recurs ("... high protein and
+sugar free and sugar free granola bars" for "... high protein and sugar free beef jerky").
+The same recipe with the new words at their pieces' mean alone left each new word's
+nearest new word at cosine 0.95 on average (0.76 with the noise): greedy 0.147, sampled 31
+of 254 exact first searches, 78 purchases. A copy drill tried on that start (200 steps,
+half of them searches of instructions whose words were shuffled, so that no word order
+predicts the next word) copied no more exactly (32 of 254) and its greedy policy stopped
+buying. The start whose random searches were one to three words made 8.2% invalid actions
+and bought in 13%; without the new words 16% and 4%; the default model with loss on every
+token (200 steps) clicked no product in 1,178 results-page actions.
 
 A run builds a start without the new words itself (the earlier recipe) with
     --config.pretrain=rollx/models/default_tools --config.warm_start_steps=800
