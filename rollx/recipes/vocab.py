@@ -109,6 +109,9 @@ def extend_vocabulary(model_dir: str, texts: Iterable[str], max_words: int = 600
   from tokenizers import Tokenizer
   import transformers
   from rollx.models import hf
+  if not spread >= 0:
+    raise ValueError(f"extend_vocabulary spread must be >= 0 (0: the pieces' mean alone), "
+                     f"got {spread}")
   path = os.path.join(model_dir, "tokenizer.json")
   if not os.path.isfile(path):
     raise ValueError(f"{path}: no such file; vocabulary extension edits a tokenizers-library "

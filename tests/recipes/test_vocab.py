@@ -139,6 +139,11 @@ def test_an_untied_head_grows_as_the_embeddings_do(tmp_path):
   np.testing.assert_array_equal(np.asarray(after["lm_head"])[:, :n], head[:, :n])
 
 
+def test_a_negative_spread_is_refused_by_name(tmp_path):
+  with pytest.raises(ValueError, match="spread must be >= 0"):
+    vocab.extend_vocabulary(str(tmp_path), TEXTS, spread=-1.0)
+
+
 def test_a_model_without_a_bpe_tokenizer_file_is_refused_by_name(tmp_path):
   out = str(tmp_path / "model")
   shutil.copytree(models.DEFAULT_MODEL_DIR, out)
