@@ -66,6 +66,8 @@ instructions come from products no training instruction names (split="validation
 
 import os
 
+from ml_collections import config_dict
+
 from rollx import config as rollx_config
 from rollx import models
 from rollx.rollout import prompts
@@ -123,10 +125,16 @@ def get_config():
       # WebShop (a no-op). With any penalty (-0.1, -0.01 measured) the first updates
       # turned away from invalid clicks, i.e. miscopied product ids, by clicking no
       # product: purchases stopped within 3-5 steps and nothing was learnt
-      format_penalty=0.0)
+      format_penalty=0.0,
+      # WebShop's original files (None: the synthetic catalog; here so that a flag can
+      # set them, see the command above)
+      data_dir=config_dict.placeholder(str),
+      human_goals=False)
   config.custom_envs = {}
   config.custom_envs.WebShop = rollx_config.env_entry(
-      "WebShop", env_config=dict(env_config, split="train"),
+      # success_bonus: added to a success's reward on the training env only (0 = WebShop's
+      # reward); here so that a flag can set it
+      "WebShop", env_config=dict(env_config, split="train", success_bonus=0.0),
       max_tokens_per_step=48,  # a search of up to the whole instruction (<= 44 tokens)
       **prompts.COMPACT_PROMPTS["WebShop"])
   config.custom_envs.WebShopVal = rollx_config.env_entry(

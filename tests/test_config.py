@@ -1,6 +1,11 @@
+import ast
+import glob
 import os
+import re
 import types
 
+from absl import flags
+from ml_collections import config_flags
 import pytest
 
 from rollx import config as config_lib
@@ -271,3 +276,45 @@ def test_agent_program_errors_name_the_key(program, match):
   config = load("frozenlake")
   config.custom_envs.FrozenLake.agent_program = "examples.openai_frozenlake:play"
   assert "use 'program'" in errors_of(config)["custom_envs.FrozenLake.agent_program"]
+
+
+def _documented_commands(text):
+  """The `--config.<key>=<value>` flags quoted in a config's docstring, grouped into the
+  commands they form (flags with only white space between them), as a shell passes them:
+  a flag may break over a line after a dot, a quoted value loses its quotes."""
+  text = re.sub(r"\.\n\s+", ".", text)
+  commands, end = [], None
+  for m in re.finditer(r'--config\.([\w.]+)=("[^"]*"|[^\s`,;:)]+)', text):
+    flag = f"--config.{m.group(1)}={m.group(2).strip(chr(34)).rstrip('.')}"
+    if end is not None and not text[end:m.start()].strip():
+      commands[-1].append(flag)
+    else:
+      commands.append([flag])
+    end = m.end()
+  return commands
+
+
+def _placeholder(flag):  # a path the reader fills in: DIR, /path/to/...
+  value = flag.split("=", 1)[1]
+  return value.isupper() or value.startswith("/path/to/")
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))),
+                         ids=os.path.basename)
+def test_every_command_a_config_documents_applies_and_validates(path):
+  """The flags a config's record gives (a tried setting, the GRPO variant) must work:
+  each names a key the config has, and the command they form leaves it valid (a path
+  left for the reader to fill in is only checked to apply)."""
+  with open(path) as f:
+    commands = _documented_commands(ast.get_docstring(ast.parse(f.read())) or "")
+  for overrides in commands:
+    argv = ["prog", f"--config={path}", *overrides]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=flag_values, lock_config=False,
+                                    sys_argv=argv)  # it reads the overrides from argv
+    try:
+      flag_values(argv)
+    except (flags.Error, AttributeError, KeyError) as e:
+      pytest.fail(f"{os.path.basename(path)} documents {' '.join(overrides)}: {e}")
+    if not any(_placeholder(flag) for flag in overrides):
+      config_lib.validate(flag_values.config)
