@@ -44,17 +44,25 @@ Expected:  raises the mean reward; success stays sporadic. GiGPO and GRPO, seed 
            success_bonus=1.0`; verl-agent trains on 10 x success alone): 71 / 73 steps,
            mean 0.364 / 0.370 over the later validations, success 1-2 of 64 at 9 / 4 of
            14, 0 at the end, 23 / 24 training successes; with the discount off as well
-           (`--config.episode_reward_gamma=1.0 --config.step_reward_gamma=1.0`, 34 / 35
-           steps, a test run beside them): mean 0.396 / 0.370, success at most 3 of 64.
-           Where the mean reward comes from: that GiGPO run's last checkpoint, sampled at
+           (`--config.episode_reward_gamma=1.0 --config.step_reward_gamma=1.0`; stopped
+           after 46 min, at 52 / 55 steps): mean 0.366 / 0.349 over the later validations,
+           best 0.432 / 0.408 by step 25, then 0.304 / 0.287 at step 50 as invalid actions
+           rose to 41% / 45% of validation actions (a wasted action no longer costs),
+           success at most 3 of 64; the bonus with twice the instructions a step
+           (`--config.train_env_manager.num_env_groups=8
+           --config.train_env_manager.group_size=4`, 71 / 71 steps): mean 0.369 / 0.367
+           (best 0.445 / 0.427), success at most 2 of 64, 0 at the end, 21 / 30 training
+           successes.
+           Where the mean reward comes from: the bonus run's last GiGPO checkpoint, sampled at
            temperature 0.4 (verl-agent's WebShop validation) on 128 validation
            instructions (`python -m rollx.eval --config=configs/webshop.py
            --checkpoint=<output_dir>/checkpoints --episodes=128
            --config.actor_infer.val_generating_args.temperature=0.4`), searches the
            instruction, opens the first result and buys at once on 123 of its 124 item
-           pages: mean 0.360, no success. The start, so sampled: 56 option clicks and 56
+           pages: mean 0.360, no success (the twice-the-instructions run's: 124 of 126,
+           mean 0.382, no success). The start, so sampled: 56 option clicks and 56
            Buy Now among 283 item-page actions, mean 0.184, one success. RL dropped the
-           option clicks the start made at random, mostly of the wrong value; without
+           option clicks the start made at random (15 of its 56 of the right value); without
            them a purchase cannot score 1.
 
 Each env step is one sample: the instruction and the current page (the instruction is
