@@ -284,8 +284,9 @@ def _documented_commands(text):
   a flag may break over a line after a dot, a quoted value loses its quotes."""
   text = re.sub(r"\.\n\s+", ".", text)
   commands, end = [], None
-  for m in re.finditer(r'--config\.([\w.]+)=("[^"]*"|[^\s`,;:)]+)', text):
-    flag = f"--config.{m.group(1)}={m.group(2).strip(chr(34)).rstrip('.')}"
+  for m in re.finditer(r'--config\.([\w.]+)=("[^"]*"|[^\s`,;)]+)', text):
+    # a sentence's full stop or colon after a flag is not its value's ("module:function" is)
+    flag = f"--config.{m.group(1)}={m.group(2).strip(chr(34)).rstrip('.:')}"
     if end is not None and not text[end:m.start()].strip():
       commands[-1].append(flag)
     else:
