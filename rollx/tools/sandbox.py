@@ -189,7 +189,8 @@ class PythonSandbox:
     self._process: Optional[subprocess.Popen] = None
     self._lock = threading.Lock()
 
-  def _start(self) -> Optional[subprocess.Popen]:
+  def _start(self) -> bool:
+    """Starts the interpreter; False (and nothing left running) if it is not ready in time."""
     # The worker sets its own rlimits before it reads any code (no preexec_fn: forking a
     # multithreaded trainer process must not run Python in the child); its own session,
     # so a kill of the group reaches anything it started.
@@ -205,11 +206,11 @@ class PythonSandbox:
     # call after a start (a spurious timeout that also loses the restart)
     try:
       if self._read(self._process.stdout, 1, time.monotonic() + START_S) == b"R":
-        return self._process
+        return True
     except (TimeoutError, EOFError, OSError):
       pass
     self._kill()
-    return None
+    return False
 
   def _kill(self) -> Optional[int]:
     """Kills the interpreter (if alive) and returns its exit status."""
@@ -247,7 +248,7 @@ class PythonSandbox:
     with self._lock:
       if self._process is None or self._process.poll() is not None:
         self._kill()
-        if self._start() is None:
+        if not self._start():
           return f"error: the Python interpreter did not start within {START_S:g} s"
       process = self._process
       body = json.dumps({"code": code}).encode()
