@@ -140,9 +140,10 @@ def get_config():
       human_goals=False)
   config.custom_envs = {}
   config.custom_envs.WebShop = rollx_config.env_entry(
-      # success_bonus: added to a success's reward on the training env only (0 = WebShop's
-      # reward); here so that a flag can set it
-      "WebShop", env_config=dict(env_config, split="train", success_bonus=0.0),
+      # success_bonus / option_bonus: shapings of the training env's reward only (0 =
+      # WebShop's reward); here so that a flag can set them
+      "WebShop", env_config=dict(env_config, split="train", success_bonus=0.0,
+                                 option_bonus=0.0),
       max_tokens_per_step=48,  # a search of up to the whole instruction (<= 44 tokens)
       **prompts.COMPACT_PROMPTS["WebShop"])
   config.custom_envs.WebShopVal = rollx_config.env_entry(

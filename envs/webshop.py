@@ -16,7 +16,7 @@ square brackets in its observation (WebShop's `available_actions`, also in
 else, a search where the page has no search bar, or text that names no action is an
 invalid action: nothing changes and the reward is the format penalty. `Buy Now` ends
 the episode with WebShop's reward (envs.webshop_data.reward); success is reward 1
-(plus `success_bonus`, a training-only shaping, 0 by default).
+(plus `success_bonus` and `option_bonus`, training-only shapings, 0 by default).
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ class WebShopConfig(base.TextEnvConfig):
   # rarely succeeds gets no signal from; the score plus a bonus keeps the partial credit
   # and still sets a full match apart from a near one. Validation envs leave it at 0.
   success_bonus: float = 0.0
+  # added to a purchase's reward times r_type x the share of the goal's options chosen
+  # right. A training-only shaping: in WebShop's reward an option is one term of ~6, less
+  # than the discount and the loop risk of the click that earns it, so RL learns to buy
+  # at once; this pays a right click on a product of the goal's type by itself.
+  option_bonus: float = 0.0
 
 
 @register_env("WebShop")
@@ -90,6 +95,8 @@ class WebShop(base.TextEnv):
       raise ValueError(f"WebShop results_per_page must be >= 1, got {cfg.results_per_page}")
     if cfg.success_bonus < 0:
       raise ValueError(f"WebShop success_bonus must be >= 0, got {cfg.success_bonus}")
+    if cfg.option_bonus < 0:
+      raise ValueError(f"WebShop option_bonus must be >= 0, got {cfg.option_bonus}")
     if cfg.human_goals and not cfg.data_dir:
       raise ValueError("WebShop human_goals needs data_dir (the original "
                        "items_human_ins.json)")
@@ -177,7 +184,10 @@ class WebShop(base.TextEnv):
       reward, self.last_reward_info = webshop_data.reward(
           self.product, self.goal, self.catalog.by_asin[self.goal.asin], self.chosen)
       success = reward >= 1.0 - 1e-9
-      return float(reward) + (self.config.success_bonus if success else 0.0), True, success
+      terms, cfg = self.last_reward_info, self.config
+      shaping = ((cfg.success_bonus if success else 0.0)
+                 + cfg.option_bonus * terms["r_type"] * terms["r_options"])
+      return float(reward) + shaping, True, success
     else:  # an option value: selects it in its group
       group = next(g for g, vs in self.product.options.items() if argument in vs)
       self.chosen[group] = argument

@@ -136,6 +136,40 @@ def test_a_success_bonus_adds_to_a_full_match_alone():
     envs.make_env("WebShop", {"success_bonus": -1.0})
 
 
+def test_an_option_bonus_pays_the_goal_options_chosen_right_and_nothing_else():
+  """`option_bonus` adds bonus x r_type x (goal options chosen right) / (goal options) to a
+  purchase: the oracle's full choice earns all of it, buying without a click none of it,
+  and WebShop's own reward and terms stay as they were."""
+  plain = envs.make_env("WebShop", {"split": "validation", "num_products": 300})
+  shaped = envs.make_env("WebShop", {"split": "validation", "num_products": 300,
+                                     "option_bonus": 0.5})
+  with_options = [s for s in range(60)
+                  if (shaped.reset(seed=s), shaped.goal.options)[1]][:3]
+  assert len(with_options) == 3
+  for seed in with_options:
+    assert play(shaped, "oracle", seed, None)[:2] == (1.5, True)
+    # the oracle's path up to the item page, then Buy Now with no option chosen
+    shaped.reset(seed=seed)
+    while shaped.page != "item":
+      shaped.step(webshop.oracle_response(shaped))
+    _, r, terminated, _, info = shaped.step("<answer>click[Buy Now]</answer>")
+    assert terminated and info["reward_terms"]["r_options"] == 0.0
+    assert r == pytest.approx(webshop_data.reward(
+        shaped.product, shaped.goal, shaped.catalog.by_asin[shaped.goal.asin], {})[0])
+  rng_a, rng_b = np.random.default_rng(1), np.random.default_rng(1)
+  paid = 0
+  for seed in range(40):  # the same random episodes with and without the bonus
+    (r0, ok0, _), (r1, ok1, _) = play(plain, "random", seed, rng_a), play(shaped, "random", seed, rng_b)
+    assert ok0 == ok1 and plain.last_reward_info == shaped.last_reward_info
+    terms = plain.last_reward_info
+    bonus = 0.5 * terms["r_type"] * terms["r_options"] if terms else 0.0
+    assert r1 == pytest.approx(r0 + bonus)
+    paid += bonus > 0
+  assert paid >= 2
+  with pytest.raises(ValueError, match="option_bonus"):
+    envs.make_env("WebShop", {"option_bonus": -1.0})
+
+
 def test_a_random_search_is_a_span_of_the_instruction_of_any_length():
   # the warm start copies these searches: spans up to the whole instruction leave a
   # policy room to learn which words to search (a 1-3 word span caps success near 2%)
