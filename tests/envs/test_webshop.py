@@ -425,18 +425,17 @@ def test_the_shipped_webshop_start_is_its_recipe(tmp_path):
   """`python -m rollx.recipes.webshop_start` rebuilds rollx/models/default_webshop bit for
   bit (on the kind of CPU that built it: another one's float rounding may differ).
 
-  Run as its command runs, in a process of its own: the tests' XLA_FLAGS (tests/conftest.py)
-  split the CPU into 8 devices, which changes how XLA splits a matmul across threads, hence the
+  Run as its command runs, in a process of its own, without the tests' XLA_FLAGS
+  (tests/conftest.py): 8 devices change how XLA splits a matmul across threads, hence the
   float rounding (a 20-step build with and without the flag differs by ~2e-4)."""
   import pathlib
   import subprocess
   import sys
   from safetensors.numpy import load_file
   from rollx import models
-  from tests.conftest import ROOT
+  from tests.conftest import ROOT, TEST_XLA_FLAGS
   env = dict(os.environ, XLA_FLAGS=" ".join(
-      f for f in os.environ.get("XLA_FLAGS", "").split()
-      if not f.startswith("--xla_force_host_platform_device_count")))
+      f for f in os.environ.get("XLA_FLAGS", "").split() if f not in TEST_XLA_FLAGS))
   out = tmp_path / "shop"
   subprocess.run([sys.executable, "-m", "rollx.recipes.webshop_start", f"--out_dir={out}"],
                  cwd=ROOT, env=env, check=True)

@@ -123,8 +123,11 @@ def assert_same_step(got, ref):
     assert rel_err(a, b) < 1e-5, path
 
 
-@pytest.mark.parametrize("head", ["lm", "value"])
-@pytest.mark.parametrize("mesh_name", sorted(MESHES))
+# every mesh with the LM head; the value head (one vector more, its own rule) on the
+# meshes that shard it (fsdp) and that split the trunk every way (dp, tp, pp)
+@pytest.mark.parametrize("mesh_name, head", [
+    *((name, "lm") for name in sorted(MESHES)), ("fsdp4_tp2", "value"),
+    ("dp2_tp2_pp2", "value")])
 def test_sharded_step_equals_single_device(mesh_name, head):
   ref = reference(head)
   got = run(worker(**MESHES[mesh_name]), head, jax.devices())
@@ -196,7 +199,7 @@ def test_rules_place_megatron_and_fsdp_axes():
   assert shard("norm", (32,)) == P(None)
 
 
-@pytest.mark.parametrize("m_factor", [1, 2, 4])
+@pytest.mark.parametrize("m_factor", [1, 4])  # one microbatch per stage, and four
 def test_pipeline_matches_unpipelined(m_factor):
   s = 4
   mesh = mesh_lib.make_mesh(worker(dp=2, pp=s).strategy_args, devices=jax.devices())

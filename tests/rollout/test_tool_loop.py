@@ -320,16 +320,18 @@ def test_the_tool_model_recipe_runs_both_stages(tmp_path):
 
 def test_two_training_steps_of_the_shipped_tool_config(tmp_path):
   """`python -m rollx.train --config=configs/tool_arithmetic.py --config.max_steps=2`, as a
-  user runs it (from the shipped tool-warm-started model), at half its training batch and
-  an eighth of its validation set (the suite's minutes): the servers, the tool loop with
-  its sandboxed tools in Ray env workers, the trainer; tool metrics reach TensorBoard, and
+  user runs it (from the shipped tool-warm-started model), at a quarter of its training
+  batch and a sixteenth of its validation set (the suite's minutes): the servers, the tool
+  loop with its sandboxed tools in Ray env workers, the trainer; tool metrics reach
+  TensorBoard, and
   a later turn of a conversation continues its cached keys/values (KV reuse across turns)
   instead of prefilling the ~400-token system prompt and tool list again."""
   from tests.conftest import ROOT
   from tests.test_pipeline import tb_scalars, train_env
   out = tmp_path / "run"
-  smaller = ["--config.rollout_batch_size=16", "--config.train_env_manager.num_env_groups=2",
-             "--config.val_batch_size=8", "--config.val_env_manager.num_env_groups=8"]
+  smaller = ["--config.rollout_batch_size=8", "--config.train_env_manager.num_env_groups=2",
+             "--config.train_env_manager.group_size=4", "--config.val_batch_size=4",
+             "--config.val_env_manager.num_env_groups=4"]
   result = subprocess.run(
       [sys.executable, "-m", "rollx.train", "--config=configs/tool_arithmetic.py",
        "--config.max_steps=2", *smaller, f"--config.output_dir={out}",
