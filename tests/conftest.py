@@ -55,22 +55,6 @@ def trained_run(tmp_path_factory):
 # together, so that run is made once.
 _TRAINED_RUN_FILES = ("test_pipeline.py", "test_eval.py", "test_tracking.py")
 
-# Files go out longest first, so that no long one starts last while the other worker
-# idles (xdist's own order is by number of tests: the few long end-to-end runs came
-# last). Seconds per file as measured (setup + call + teardown under `make test`, 2 cores,
-# 2026-11-29); a file not listed counts 1 s per test. Only the order depends on them.
-FILE_SECONDS = {
-    "trained_run": 276, "tests/rollout/test_rollout.py": 253,
-    "tests/rollout/test_tool_loop.py": 225, "tests/test_resume.py": 164,
-    "tests/serving/test_serving.py": 164, "tests/serving/test_openai_endpoint.py": 124,
-    "tests/test_server_restart.py": 110, "tests/test_launch.py": 97,
-    "tests/serving/test_kv_reuse.py": 67, "tests/recipes/test_make_default.py": 58,
-}
-
-
-def _file_seconds(scope, num_tests):
-  return FILE_SECONDS.get(scope, num_tests)
-
 
 def pytest_xdist_make_scheduler(config, log):
   if config.getvalue("dist") != "loadfile":
@@ -82,15 +66,6 @@ def pytest_xdist_make_scheduler(config, log):
     def _split_scope(self, nodeid):
       path = nodeid.split("::")[0]
       return "trained_run" if os.path.basename(path) in _TRAINED_RUN_FILES else path
-
-    def _assign_work_unit(self, node):
-      if not getattr(self, "_longest_first", False):  # once, before the first unit goes
-        order = sorted(self.workqueue.items(),
-                       key=lambda unit: -_file_seconds(unit[0], len(unit[1])))
-        self.workqueue.clear()
-        self.workqueue.update(order)
-        self._longest_first = True
-      super()._assign_work_unit(node)
 
   return ByFile(config, log)
 
