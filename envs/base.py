@@ -15,6 +15,9 @@ False (RAGEN's name): a greedy history-free policy repeats such a move until
 `ineffective_action_ends_episode` such a move ends the episode instead (terminated,
 not a success, the move's own reward): what a greedy history-free policy's episode
 comes to anyway, since the same prompt gets the same answer until `max_steps`.
+An env whose actions share a verb may name each valid action's kind in
+`info["action_kind"]` (WebShop: a click on a product, an option, Buy Now); the
+rollout metrics count action shares by it (`<tag>/action_share/<kind>`).
 
 Subclasses provide `ACTIONS`, a dataclass `Config` (extending `TextEnvConfig`),
 and four hooks: `_new_episode(seed)`, `_apply(action)`, `render_text()`,

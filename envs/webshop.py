@@ -16,7 +16,8 @@ square brackets in its observation (WebShop's `available_actions`, also in
 else, a search where the page has no search bar, or text that names no action is an
 invalid action: nothing changes and the reward is the format penalty. `Buy Now` ends
 the episode with WebShop's reward (envs.webshop_data.reward); success is reward 1
-(plus `success_bonus` and `option_bonus`, training-only shapings, 0 by default).
+(plus `success_bonus`, and `option_bonus` / `option_click_bonus` at the option click,
+training-only shapings, 0 by default).
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ class WebShopConfig(base.TextEnvConfig):
   # than the discount and the loop risk of the click that earns it, so RL learns to buy
   # at once; this pays a right click on a product of the goal's type by itself.
   option_bonus: float = 0.0
+  # paid at the option click itself: option_click_bonus x r_type x the rise of the share of
+  # the goal's options chosen right over the best share this episode reached (so at most
+  # option_click_bonus an episode, and a re-click or a re-opened product pays nothing).
+  # A training-only shaping: option_bonus, paid at the purchase, reaches a click only
+  # through the later steps' returns, and a policy that buys at once stops clicking
+  # options before a right click earns more than a wrong one; this pays the right click
+  # on the step that makes it, where GiGPO compares it with the other steps on that page.
+  option_click_bonus: float = 0.0
 
 
 @register_env("WebShop")
@@ -86,6 +95,8 @@ class WebShop(base.TextEnv):
     self.asin: Optional[str] = None
     self.chosen: Dict[str, str] = {}
     self.last_reward_info: Dict[str, float] = {}
+    self.option_credit = 0.0  # the best r_type x r_options reached this episode
+    self.action_kind: Optional[str] = None
 
   def check_config(self) -> None:
     cfg = self.config
@@ -95,8 +106,9 @@ class WebShop(base.TextEnv):
       raise ValueError(f"WebShop results_per_page must be >= 1, got {cfg.results_per_page}")
     if cfg.success_bonus < 0:
       raise ValueError(f"WebShop success_bonus must be >= 0, got {cfg.success_bonus}")
-    if cfg.option_bonus < 0:
-      raise ValueError(f"WebShop option_bonus must be >= 0, got {cfg.option_bonus}")
+    for key in ("option_bonus", "option_click_bonus"):
+      if getattr(cfg, key) < 0:
+        raise ValueError(f"WebShop {key} must be >= 0, got {getattr(cfg, key)}")
     if cfg.human_goals and not cfg.data_dir:
       raise ValueError("WebShop human_goals needs data_dir (the original "
                        "items_human_ins.json)")
@@ -110,6 +122,7 @@ class WebShop(base.TextEnv):
     self.goal = self._goals[int(rng.integers(len(self._goals)))]
     self.page, self.keywords, self.results, self.result_page = "search", "", [], 1
     self.asin, self.chosen, self.last_reward_info = None, {}, {}
+    self.option_credit = 0.0
 
   @property
   def instruction(self) -> str:
@@ -160,6 +173,7 @@ class WebShop(base.TextEnv):
 
   def _apply(self, action: str) -> Tuple[float, bool, bool]:
     verb, argument = action[:-1].split("[", 1)
+    self.action_kind = action_kind(self.page, verb, argument)
     if verb == "search":
       self.keywords = argument
       self.results = self.catalog.search(argument)
@@ -191,11 +205,21 @@ class WebShop(base.TextEnv):
     else:  # an option value: selects it in its group
       group = next(g for g, vs in self.product.options.items() if argument in vs)
       self.chosen[group] = argument
+      if self.config.option_click_bonus:
+        return self._option_click_reward(), False, False
     return 0.0, False, False
+
+  def _option_click_reward(self) -> float:
+    terms = webshop_data.reward(self.product, self.goal, self.catalog.by_asin[self.goal.asin],
+                                self.chosen)[1]
+    credit = terms["r_type"] * terms["r_options"]
+    gain, self.option_credit = credit - self.option_credit, max(credit, self.option_credit)
+    return self.config.option_click_bonus * max(gain, 0.0)
 
   def step(self, action_text):
     obs, reward, terminated, truncated, info = super().step(action_text)
     info["available_actions"] = self.available_actions()
+    info["action_kind"] = self.action_kind if info["action_is_valid"] else None
     if terminated:
       info["reward_terms"] = dict(self.last_reward_info)
     return obs, reward, terminated, truncated, info
@@ -255,6 +279,19 @@ class WebShop(base.TextEnv):
       return f"<answer>search[{' '.join(words[start:start + k])}]</answer>"
     clickables = self.clickables()
     return f"<answer>click[{clickables[int(rng.integers(len(clickables)))].lower()}]</answer>"
+
+
+def action_kind(page: str, verb: str, argument: str) -> str:
+  """What a valid action does: `search`, open a `product`, choose an `option`, `buy`, or
+  `navigate` (result pages, sub-pages, back). The shares of these show what a policy does
+  on item pages, where success is decided and the verb alone (`click`) says nothing."""
+  if verb == "search":
+    return "search"
+  if argument in (BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE, *SUB_PAGES):
+    return "navigate"
+  if argument == BUY_NOW:
+    return "buy"
+  return "product" if page == "results" else "option"
 
 
 def oracle_response(env: WebShop) -> str:

@@ -125,7 +125,8 @@ class ToolAgentLoop(EnvManager):
           continue
         obs, reward, terminated, truncated, info = env.step(text)
         score += reward
-        record.update(action=info["action"], reward=reward, valid=info["action_is_valid"])
+        record.update(action=info["action"], reward=reward, valid=info["action_is_valid"],
+                      kind=info.get("action_kind"))
         transcript.append(record)
         if self.on_turn is not None:
           self.on_turn(self, record)

@@ -174,7 +174,8 @@ class EnvManager:
       score += reward
       record = {"turn": turn, "prompt_ids": list(prompt), "response_ids": response,
                 "response": text, "action": info["action"], "reward": reward,
-                "valid": info["action_is_valid"], "observation": acted_on}
+                "valid": info["action_is_valid"], "kind": info.get("action_kind"),
+                "observation": acted_on}
       transcript.append(record)
       if self.on_turn is not None:
         self.on_turn(self, record)

@@ -319,9 +319,10 @@ def episode_metrics(trajectories: List[Trajectory]) -> Dict[str, float]:
           out[f"{tag}/sample_breaks_per_episode/{kind[len('sample_break_'):]}"] = total / len(ts)
         else:
           out[f"{tag}/tool_error_rate/{kind}"] = total / max(calls, 1)
-    # an action with an argument (WebShop's `search[query]`) counts under its verb
-    actions = collections.Counter(turn["action"].split("[", 1)[0] for t in ts
-                                  for turn in t.transcript if turn["valid"])
+    # an action counts under the kind its env named (WebShop: product / option / buy ...),
+    # else under its verb (`search[query]` as `search`)
+    actions = collections.Counter(turn.get("kind") or turn["action"].split("[", 1)[0]
+                                  for t in ts for turn in t.transcript if turn["valid"])
     total = sum(actions.values())
     out.update({f"{tag}/action_share/{action}": count / total
                 for action, count in sorted(actions.items())})

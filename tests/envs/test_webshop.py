@@ -173,6 +173,69 @@ def test_an_option_bonus_pays_the_goal_options_chosen_right_and_nothing_else():
     envs.make_env("WebShop", {"option_bonus": -1.0})
 
 
+def test_an_option_click_bonus_pays_each_goal_option_once_at_the_click_that_sets_it():
+  """`option_click_bonus` pays bonus x r_type / (goal options) on the click that first
+  chooses a goal option right: a re-click, a wrong value, or the same choice again on a
+  re-opened product pays nothing, an episode earns at most the bonus, and the purchase
+  keeps WebShop's reward."""
+  bonus = 0.5
+  plain = envs.make_env("WebShop", {"split": "validation", "num_products": 300})
+  shaped = envs.make_env("WebShop", {"split": "validation", "num_products": 300,
+                                     "option_click_bonus": bonus})
+  two_options = []  # seeds whose goal names two options
+  for seed in range(100):
+    shaped.reset(seed=seed)
+    if len(shaped.goal.options) == 2 and len(two_options) < 3:
+      two_options.append(seed)
+  assert len(two_options) == 3
+  for seed in two_options:
+    shaped.reset(seed=seed)
+    while shaped.page != "item":
+      shaped.step(webshop.oracle_response(shaped))
+    asin = shaped.asin
+    wanted = webshop._options_for(shaped.product, shaped.goal)
+    group, value = next(iter(wanted.items()))
+    wrong = next(v for v in shaped.product.options[group] if v != value
+                 and v.lower() not in shaped.product.title.lower())
+    assert shaped.step(f"<answer>click[{wrong}]</answer>")[1] == 0.0
+    assert shaped.step(f"<answer>click[{value}]</answer>")[1] == pytest.approx(bonus / 2)
+    assert shaped.step(f"<answer>click[{value}]</answer>")[1] == 0.0  # a re-click
+    shaped.step("<answer>click[< Prev]</answer>")
+    shaped.step(f"<answer>click[{asin}]</answer>")  # the same product, its choice reset
+    assert shaped.page == "item" and not shaped.chosen
+    assert shaped.step(f"<answer>click[{value}]</answer>")[1] == 0.0
+    clicks = []
+    while True:
+      _, r, terminated, _, info = shaped.step(webshop.oracle_response(shaped))
+      if terminated:
+        break
+      clicks.append(r)
+    assert clicks == [pytest.approx(bonus / 2)] and (r, info["success"]) == (1.0, True)
+    assert info["action_kind"] == "buy"
+  rng_a, rng_b = np.random.default_rng(2), np.random.default_rng(2)
+  paid = 0
+  for seed in range(40):  # the same random episodes with and without the bonus
+    plain.reset(seed=seed)
+    shaped.reset(seed=seed)
+    earned = 0.0
+    while True:
+      _, r0, t0, u0, _ = plain.step(plain.sample_valid_response(rng_a))
+      _, r1, t1, u1, _ = shaped.step(shaped.sample_valid_response(rng_b))
+      assert (t0, u0) == (t1, u1)
+      if t1:
+        assert r1 == r0 and plain.last_reward_info == shaped.last_reward_info
+        break
+      assert r0 == 0.0 and r1 >= 0.0
+      earned += r1
+      if u1:
+        break
+    assert earned <= bonus + 1e-9
+    paid += earned > 0
+  assert paid >= 2
+  with pytest.raises(ValueError, match="option_click_bonus"):
+    envs.make_env("WebShop", {"option_click_bonus": -1.0})
+
+
 def test_a_random_search_is_a_span_of_the_instruction_of_any_length():
   # the warm start copies these searches: spans up to the whole instruction leave a
   # policy room to learn which words to search (a 1-3 word span caps success near 2%)
@@ -207,17 +270,21 @@ def test_pages_and_actions():
   _, r, _, _, info = env.step("<answer>click[Next >]</answer>")  # no such element here
   assert not info["action_is_valid"] and r == env.config.format_penalty
   obs, _, _, _, info = env.step(f"<answer>search[{env.goal.instruction}]</answer>")
-  assert info["action_is_valid"] and env.page == "results"
+  assert info["action_is_valid"] and env.page == "results" and info["action_kind"] == "search"
   asins = env._page_asins()
   assert len(asins) == 10 and all(f"[{a}]" in obs for a in asins) and "[Next >]" in obs
   assert env.available_actions() == {"has_search_bar": False, "clickables": env.clickables()}
-  assert not env.step("<answer>search[more]</answer>")[4]["action_is_valid"]  # no search bar
-  env.step("<answer>CLICK[next >]</answer>")  # case-insensitive
+  info = env.step("<answer>search[more]</answer>")[4]  # no search bar
+  assert not info["action_is_valid"] and info["action_kind"] is None
+  assert env.step("<answer>CLICK[next >]</answer>")[4]["action_kind"] == "navigate"  # any case
   assert env.result_page == 2 and "[< Prev]" in env.render_text()
   env.step("<answer>click[< prev]</answer>")
   assert env.result_page == 1
-  obs, *_ = env.step(f"<answer>click[{asins[0].lower()}]</answer>")
+  obs, _, _, _, info = env.step(f"<answer>click[{asins[0].lower()}]</answer>")
   assert env.page == "item" and env.catalog.by_asin[asins[0]].title in obs
+  assert info["action_kind"] == "product"
+  group, values = next(iter(env.product.options.items()))
+  assert env.step(f"<answer>click[{values[0]}]</answer>")[4]["action_kind"] == "option"
   obs, *_ = env.step("<answer>click[Features]</answer>")
   assert env.page == "Features" and env.product.features[0] in obs
   env.step("<answer>click[< Prev]</answer>")

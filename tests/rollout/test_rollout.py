@@ -324,8 +324,10 @@ def test_redundancy_keeps_first_group_size_and_filter_keeps_high_std(policy_dir,
 
 
 def test_episode_metrics_per_tag_by_hand():
-  def traj(tag, score, success, turns, invalid, finish, ineffective=0, actions=()):
+  def traj(tag, score, success, turns, invalid, finish, ineffective=0, actions=(), kinds=()):
     transcript = [{"action": a, "valid": a is not None} for a in actions]
+    for turn, kind in zip(transcript, kinds):
+      turn["kind"] = kind
     return Trajectory(ticket=Ticket(0, tag, 0, 0, 0), samples=[], score=score,
                       success=success, num_turns=turns, num_invalid_actions=invalid,
                       finish=finish, start_version=0, num_ineffective_actions=ineffective,
@@ -336,7 +338,11 @@ def test_episode_metrics_per_tag_by_hand():
            actions=("Down", None, "Down")),  # an invalid answer, then into a hole
       traj("FrozenLake", -0.01, False, 10, 1, "truncated", 8),  # pressed into a wall
       traj("FrozenLake", 0.0, False, 5, 0, "length"),  # out of tokens
-      traj("Sokoban", 10.9, True, 4, 0, "terminated")])
+      traj("Sokoban", 10.9, True, 4, 0, "terminated"),
+      # an env that names its actions' kinds: shares by kind, not by verb
+      traj("WebShop", 0.5, False, 4, 0, "terminated",
+           actions=("search[red mug]", "click[B00001]", "click[red]", "click[Buy Now]"),
+           kinds=("search", "product", "option", "buy"))])
   assert metrics["FrozenLake/success"] == 0.25
   assert metrics["FrozenLake/score_mean"] == pytest.approx(0.99 / 4)
   assert metrics["FrozenLake/score_min"] == -0.01 and metrics["FrozenLake/score_max"] == 1.0
@@ -352,6 +358,8 @@ def test_episode_metrics_per_tag_by_hand():
   assert metrics["FrozenLake/action_share/Down"] == 3 / 4
   assert metrics["FrozenLake/action_share/Right"] == 1 / 4
   assert not any(k.startswith("Sokoban/action_share") for k in metrics)  # no transcript
+  assert {k: v for k, v in metrics.items() if k.startswith("WebShop/action_share")} == {
+      f"WebShop/action_share/{kind}": 1 / 4 for kind in ("search", "product", "option", "buy")}
 
 
 # -- Ray ------------------------------------------------------------------------------
