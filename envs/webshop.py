@@ -16,8 +16,8 @@ square brackets in its observation (WebShop's `available_actions`, also in
 else, a search where the page has no search bar, or text that names no action is an
 invalid action: nothing changes and the reward is the format penalty. `Buy Now` ends
 the episode with WebShop's reward (envs.webshop_data.reward); success is reward 1
-(plus `success_bonus`, and `option_bonus` / `option_click_bonus` at the option click,
-training-only shapings, 0 by default).
+(plus training-only shapings, 0 by default: `success_bonus` and `option_bonus` at the
+purchase, `option_click_bonus` at the option click).
 """
 
 from __future__ import annotations
