@@ -68,6 +68,7 @@ class WebShopConfig(base.TextEnvConfig):
   # through the later steps' returns, and a policy that buys at once stops clicking
   # options before a right click earns more than a wrong one; this pays the right click
   # on the step that makes it, where GiGPO compares it with the other steps on that page.
+  # (configs/webshop.py records what it did: it did not keep option clicks either.)
   option_click_bonus: float = 0.0
 
 
