@@ -195,8 +195,9 @@ def test_an_option_click_bonus_pays_each_goal_option_once_at_the_click_that_sets
     asin = shaped.asin
     wanted = webshop._options_for(shaped.product, shaped.goal)
     group, value = next(iter(wanted.items()))
-    wrong = next(v for v in shaped.product.options[group] if v != value
-                 and v.lower() not in shaped.product.title.lower())
+    target = shaped.catalog.by_asin[shaped.goal.asin]
+    wrong = next(v for v in shaped.product.options[group] if webshop_data.reward(
+        shaped.product, shaped.goal, target, {group: v})[1]["r_options"] == 0)
     assert shaped.step(f"<answer>click[{wrong}]</answer>")[1] == 0.0
     assert shaped.step(f"<answer>click[{value}]</answer>")[1] == pytest.approx(bonus / 2)
     assert shaped.step(f"<answer>click[{value}]</answer>")[1] == 0.0  # a re-click
@@ -283,7 +284,7 @@ def test_pages_and_actions():
   obs, _, _, _, info = env.step(f"<answer>click[{asins[0].lower()}]</answer>")
   assert env.page == "item" and env.catalog.by_asin[asins[0]].title in obs
   assert info["action_kind"] == "product"
-  group, values = next(iter(env.product.options.items()))
+  values = next(iter(env.product.options.values()))
   assert env.step(f"<answer>click[{values[0]}]</answer>")[4]["action_kind"] == "option"
   obs, *_ = env.step("<answer>click[Features]</answer>")
   assert env.page == "Features" and env.product.features[0] in obs

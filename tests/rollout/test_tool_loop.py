@@ -323,9 +323,9 @@ def test_two_training_steps_of_the_shipped_tool_config(tmp_path):
   user runs it (from the shipped tool-warm-started model), at a quarter of its training
   batch and a sixteenth of its validation set (the suite's minutes): the servers, the tool
   loop with its sandboxed tools in Ray env workers, the trainer; tool metrics reach
-  TensorBoard, and
-  a later turn of a conversation continues its cached keys/values (KV reuse across turns)
-  instead of prefilling the ~400-token system prompt and tool list again."""
+  TensorBoard, and a later turn of a conversation continues its cached keys/values (KV
+  reuse across turns) instead of prefilling the ~400-token system prompt and tool list
+  again."""
   from tests.conftest import ROOT
   from tests.test_pipeline import tb_scalars, train_env
   out = tmp_path / "run"
