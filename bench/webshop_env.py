@@ -7,7 +7,9 @@ Prints, on the synthetic catalog (3,000 products) and its validation instruction
 WebShop's 10 results a page and 15 actions, then configs/webshop.py's 3 and 8:
 - env steps/s of the env alone under a uniformly random valid-action policy (search
   pages, result pages, item pages, purchases);
-- the mean reward and success of that random policy, of a policy that copies words
+- the mean reward and success of that random policy, of a random shopper that keeps
+  the shop's procedure with random choices (envs.webshop.shopper_response, the WebShop
+  start's second stage), of a policy that copies words
   without knowing which matter (`copy_response`), of one that copies all of them into
   its search (`copy_response(whole=True)`), and of an oracle that reads the goal
   (envs.webshop.oracle_response): the floor, two rungs and the ceiling of a learning
@@ -63,6 +65,7 @@ def play(env, policy, episodes, rng):
       response = (webshop.oracle_response(env) if policy == "oracle"
                   else copy_response(env, rng) if policy == "copy"
                   else copy_response(env, rng, whole=True) if policy == "copy_all"
+                  else webshop.shopper_response(env, rng) if policy == "shopper"
                   else env.sample_valid_response(rng))
       _, reward, terminated, truncated, info = env.step(response)
       steps += 1
@@ -117,6 +120,9 @@ def main():
     name = f"{env.config.results_per_page} results a page, {env.config.max_steps} actions"
     print(f"[{name}] random valid actions: {rate:,.0f} env steps/s (search included), mean "
           f"reward {reward:.3f}, success {success:.3f} over {args.episodes} validation episodes")
+    reward, success, _ = play(env, "shopper", args.episodes, np.random.default_rng(0))
+    print(f"[{name}] a random shopper (a random span searched, a random result, a random "
+          f"value per option group, buy): mean reward {reward:.3f}, success {success:.3f}")
     reward, success, _ = play(env, "copy", args.episodes, rng)
     print(f"[{name}] copying words (3 of the instruction's first 8 searched, first result, "
           f"the options it names): mean reward {reward:.3f}, success {success:.3f}")

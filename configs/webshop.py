@@ -24,7 +24,8 @@ Expected:  raises the mean reward; success stays sporadic. GiGPO and GRPO, seed 
            On these instructions (bench/webshop_env.py) a uniformly random valid action
            each step (the start's prior: a search of a random span of the instruction,
            then random clicks) scores a mean purchase reward of 0.130 and succeeds on
-           1.2%; copying words without knowing which matter (three of the instruction's
+           1.2%; a random shopper (a random span searched, a random result opened, a
+           random value in each option group, then Buy Now) 0.590 and 15.0%; copying words without knowing which matter (three of the instruction's
            first eight searched, the first result opened, the options the instruction
            names chosen) 0.462 and 11.9%; the same with the whole instruction searched
            0.959 and 85.5%; an oracle that reads the goal 100%.
@@ -70,6 +71,21 @@ Expected:  raises the mean reward; success stays sporadic. GiGPO and GRPO, seed 
            end; success 1-4 of 64 at 6 / 5 of 10, 2 / 1 at the end; 17 / 13 training
            successes; its last GiGPO checkpoint, sampled as below, still bought at once
            (3 option clicks in 133 item-page actions).
+           Tried, not shipped (2026-11-30, seed 1, GRPO started 11 min after GiGPO, then
+           both at once): a start that keeps clicking options, the shipped start trained
+           further on random-shopper transcripts (`python -m rollx.recipes.webshop_start
+           --shopper_steps=150`; no goal read, every choice random) and RL from it at the
+           shipped settings: greedy 0.254 and 3 of 64 at step 0 (39% invalid actions);
+           GiGPO 73 steps, mean 0.303 over the 14 later validations, success 1-5 of 64,
+           0 at the end; GRPO 77 steps, mean 0.341, 0.395 at the end, success 8 / 9 of 64
+           at steps 20 / 25, then 1-5, 2 at the end; 83 / 96 training successes (shipped
+           start: 35 / 21). Training option clicks stayed at ~25% of valid actions for
+           GiGPO; GRPO's fell to ~12% after step 30. Sampled as below, the start clicked
+           190 options (64 of the right value, chance) and 176 values its page does not
+           list (invalid: "white", "6", "3 ft", a prior over values, not a copy of the
+           page), 10 successes of 128; the last GiGPO checkpoint 47 options (16 right,
+           still chance), 72 invalid, 7 successes. RL did not learn to read the option
+           the instruction names, from either start.
            Where the mean reward comes from: the bonus run's last GiGPO checkpoint, sampled at
            temperature 0.4 (verl-agent's WebShop validation) on 128 validation
            instructions (`python -m rollx.eval --config=configs/webshop.py

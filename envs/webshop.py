@@ -321,6 +321,26 @@ def oracle_response(env: WebShop) -> str:
   return f"<answer>click[{PREV_PAGE}]</answer>"
 
 
+def shopper_response(env: WebShop, rng: np.random.Generator) -> str:
+  """A random shopper's next action: the shop's procedure with every choice uniformly
+  random, never reading the goal: search a random span of the instruction (as
+  `sample_valid_response`), open a random listed product, choose a random value in each
+  option group, in the page's order, then buy (`< Prev` off a sub-page). Its transcripts
+  teach a warm start how shopping goes (options, then Buy Now), not what to buy."""
+  if env.page == "search":
+    return env.sample_valid_response(rng)
+  if env.page == "results":
+    listed = env._page_asins()
+    choice = listed[int(rng.integers(len(listed)))] if listed else BACK_TO_SEARCH
+    return f"<answer>click[{choice.lower()}]</answer>"
+  if env.page == "item":
+    for group, values in env.product.options.items():
+      if group not in env.chosen:
+        return f"<answer>click[{values[int(rng.integers(len(values)))].lower()}]</answer>"
+    return f"<answer>click[{BUY_NOW.lower()}]</answer>"
+  return f"<answer>click[{PREV_PAGE.lower()}]</answer>"
+
+
 def _options_for(product: webshop_data.Product, goal: webshop_data.Goal) -> Dict[str, str]:
   wanted = {o.lower() for o in goal.options}
   return {g: v for g, vs in product.options.items() for v in vs if v in wanted}

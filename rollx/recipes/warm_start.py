@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from absl import app, flags
 import jax
@@ -106,11 +106,14 @@ def think_response(env, answer: str) -> str:
 
 def random_valid_episodes(tokenizer, entries: Sequence[tuple], num_episodes: int,
                           seed: int, sequence_length: int = SEQUENCE_LENGTH,
-                          think_tags: Sequence[str] = ()) -> List[Trajectory]:
+                          think_tags: Sequence[str] = (),
+                          policy: Optional[Callable] = None) -> List[Trajectory]:
   """Episodes of the real env loop whose every answer is a random valid action.
 
   For the tags in `think_tags` each response first thinks what lies next to P
-  (`think_response`); the answer stays uniformly random.
+  (`think_response`); the answer stays uniformly random. `policy(env, rng) -> answer`
+  replaces the uniform choice (`env.sample_valid_response`) by another random policy
+  that reads no goal (envs.webshop.shopper_response).
   """
   rng = np.random.default_rng(seed)
   trajectories = []
@@ -123,8 +126,9 @@ def random_valid_episodes(tokenizer, entries: Sequence[tuple], num_episodes: int
 
     async def generate(request_id, prompt_ids, max_tokens, think=think, running=running, **_):
       # uniform over the valid actions of the page being played (the grid games': all
-      # moves, whatever the board): no task signal
-      text = running[0].env.sample_valid_response(rng)
+      # moves, whatever the board), or `policy`'s random choice: no task signal
+      env = running[0].env
+      text = env.sample_valid_response(rng) if policy is None else policy(env, rng)
       if think:
         text = think_response(running[0].env, text)
       ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]

@@ -253,6 +253,52 @@ def test_a_random_search_is_a_span_of_the_instruction_of_any_length():
   assert lengths == set(range(1, len(words) + 1))
 
 
+def test_the_random_shopper_follows_the_shop_and_never_reads_the_goal():
+  """envs.webshop.shopper_response (the warm start's second stage): a random span
+  searched, a listed product opened, each option group chosen once in the page's order,
+  then Buy Now; every action valid. Its clicks are the same whatever the goal (each goal
+  is tried on the same page with the same random state), and its option values are right
+  no more often than chance."""
+  env = envs.make_env("WebShop", {"split": "train", "max_steps": 15})
+  others = env.catalog.train_goals[:20]
+  rng = np.random.default_rng(0)
+  purchases = right = chances = 0.0
+  for seed in range(200):
+    env.reset(seed=seed)
+    kinds = []
+    while True:
+      if env.page != "search":
+        state = rng.bit_generator.state
+        for other in others:  # the same click, whoever's goal the page is shown for
+          real, env.goal = env.goal, other
+          rng.bit_generator.state = state
+          answer = webshop.shopper_response(env, rng)
+          env.goal = real
+          rng.bit_generator.state = state
+          assert answer == webshop.shopper_response(env, rng)
+        rng.bit_generator.state = state
+      if env.page == "item" and len(env.chosen) < len(env.product.options):
+        group = next(g for g in env.product.options if g not in env.chosen)
+        chances += 1 / len(env.product.options[group])
+      answer = webshop.shopper_response(env, rng)
+      _, _, terminated, truncated, info = env.step(answer)
+      assert info["action_is_valid"], answer
+      kinds.append(info["action_kind"])
+      if kinds[-1] == "option":
+        right += env.chosen[group] in {o.lower() for o in env.goal.options}
+      if terminated or truncated:
+        break
+    if kinds[-1] == "buy":
+      purchases += 1
+      # (a search that lists nothing goes back to search again)
+      tail = ["search", "product"] + ["option"] * len(env.product.options) + ["buy"]
+      assert kinds[-len(tail):] == tail, kinds
+      assert set(kinds[:-len(tail)]) <= {"search", "navigate"}, kinds
+  assert purchases >= 190
+  # no better than chance (a value the goal names may be missing from another product)
+  assert 0 < right < 1.2 * chances, (right, chances)
+
+
 def test_training_and_validation_goals_come_from_disjoint_products():
   catalog = webshop_data.synthetic_catalog(3000, 0)
   train = {g.asin for g in catalog.train_goals}
@@ -469,25 +515,40 @@ def test_the_webshop_start_recipe_trains_the_tool_model_on_answers_alone(tmp_pat
   """`python -m rollx.recipes.webshop_start`'s settings reach the warm start: the tool
   model with the shop's words in its vocabulary, the config's WebShop pages cut
   step-wise, the loss on the answers alone (`warm_start_responses_only`); the training
-  itself is stubbed here (the slow test below rebuilds the shipped model)."""
+  itself is stubbed here (the slow test below rebuilds the shipped model). Then a second
+  stage on random-shopper transcripts of the same pages, in the same directory."""
   from rollx import models
   from rollx.models import hf
   from rollx.recipes import warm_start, webshop_start
-  seen = {}
+  calls = []
 
   def fake_warm_start(model_dir, steps, **kwargs):
-    seen.update(kwargs, steps=steps, model_dir=model_dir)
+    calls.append(dict(kwargs, steps=steps, model_dir=model_dir))
     _assert_extends_the_tool_model(model_dir, trained=False)
-    seen["search_ids"] = hf.load_tokenizer(model_dir).encode("search[", add_special_tokens=False)
+    calls[-1]["search_ids"] = hf.load_tokenizer(model_dir).encode("search[",
+                                                                   add_special_tokens=False)
   monkeypatch.setattr(warm_start, "warm_start", fake_warm_start)
-  out = webshop_start.build(str(tmp_path / "shop"), steps=2)
-  assert seen["steps"] == 2 and "WebShop" in seen["responses_only"]
-  episodes = seen["episodes"]
-  assert episodes and {t.ticket.tag for t in episodes} == {"WebShop"}
-  assert all(len(t.samples) == len(t.transcript) for t in episodes)  # one sample a page
-  # the episodes are tokenized with the extended tokenizer
-  answers = [t.samples[0].input_ids for t in episodes]
-  assert any(seen["search_ids"][0] in ids for ids in answers)
+  monkeypatch.setattr(webshop_start, "SHOPPER_EPISODES", 40)
+  out = webshop_start.build(str(tmp_path / "shop"), steps=2, shopper_steps=3)
+  random_play, shopper = calls
+  assert random_play["steps"] == 2 and shopper["steps"] == 3
+  assert shopper["model_dir"] == out
+  for seen in calls:
+    assert "WebShop" in seen["responses_only"]
+    episodes = seen["episodes"]
+    assert episodes and {t.ticket.tag for t in episodes} == {"WebShop"}
+    assert all(len(t.samples) == len(t.transcript) for t in episodes)  # one sample a page
+    # the episodes are tokenized with the extended tokenizer
+    answers = [t.samples[0].input_ids for t in episodes]
+    assert any(seen["search_ids"][0] in ids for ids in answers)
+  # the shopper's episodes: every action valid, most end in a purchase
+  assert len(shopper["episodes"]) == 40
+  bought = 0
+  for t in shopper["episodes"]:
+    actions = [s["action"] for s in t.transcript]
+    assert all(s["valid"] for s in t.transcript) and actions[0].startswith("search["), actions
+    bought += actions[-1] == "click[Buy Now]"
+  assert bought >= 36
   assert sorted(os.listdir(out)) == sorted(os.listdir(models.DEFAULT_TOOLS_MODEL_DIR))
 
 
