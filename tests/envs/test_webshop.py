@@ -254,11 +254,11 @@ def test_a_random_search_is_a_span_of_the_instruction_of_any_length():
 
 
 def test_the_random_shopper_follows_the_shop_and_never_reads_the_goal():
-  """envs.webshop.shopper_response (the warm start's second stage): a random span
-  searched, a listed product opened, each option group chosen once in the page's order,
-  then Buy Now; every action valid. Its clicks are the same whatever the goal (each goal
-  is tried on the same page with the same random state), and its option values are right
-  no more often than chance."""
+  """envs.webshop.shopper_response (the WebShop start recipe's optional third stage): a
+  random span searched, a listed product opened, each option group chosen once in the
+  page's order, then Buy Now; every action valid. Its clicks are the same whatever the
+  goal (each goal is tried on the same page with the same random state), and its option
+  values are right no more often than chance."""
   env = envs.make_env("WebShop", {"split": "train", "max_steps": 15})
   others = env.catalog.train_goals[:20]
   rng = np.random.default_rng(0)
@@ -515,8 +515,10 @@ def test_the_webshop_start_recipe_trains_the_tool_model_on_answers_alone(tmp_pat
   """`python -m rollx.recipes.webshop_start`'s settings reach the warm start: the tool
   model with the shop's words in its vocabulary, the config's WebShop pages cut
   step-wise, the loss on the answers alone (`warm_start_responses_only`); the training
-  itself is stubbed here (the slow test below rebuilds the shipped model). Then a second
-  stage on random-shopper transcripts of the same pages, in the same directory."""
+  itself is stubbed here (the slow test below rebuilds the shipped model). With
+  `shopper_steps` (0 by default: not in the shipped start), a third stage on
+  random-shopper transcripts of the same pages, in the same directory."""
+  import inspect
   from rollx import models
   from rollx.models import hf
   from rollx.recipes import warm_start, webshop_start
@@ -528,6 +530,7 @@ def test_the_webshop_start_recipe_trains_the_tool_model_on_answers_alone(tmp_pat
     calls[-1]["search_ids"] = hf.load_tokenizer(model_dir).encode("search[",
                                                                    add_special_tokens=False)
   monkeypatch.setattr(warm_start, "warm_start", fake_warm_start)
+  assert inspect.signature(webshop_start.build).parameters["shopper_steps"].default == 0
   monkeypatch.setattr(webshop_start, "SHOPPER_EPISODES", 40)
   out = webshop_start.build(str(tmp_path / "shop"), steps=2, shopper_steps=3)
   random_play, shopper = calls
