@@ -8,8 +8,8 @@ WebShop's 10 results a page and 15 actions, then configs/webshop.py's 3 and 8:
 - env steps/s of the env alone under a uniformly random valid-action policy (search
   pages, result pages, item pages, purchases);
 - the mean reward and success of that random policy, of a random shopper that keeps
-  the shop's procedure with random choices (envs.webshop.shopper_response, the WebShop
-  start's second stage), of a policy that copies words
+  the shop's procedure with random choices (envs.webshop.shopper_response, an optional
+  stage of the WebShop start's recipe), of a policy that copies words
   without knowing which matter (`copy_response`), of one that copies all of them into
   its search (`copy_response(whole=True)`), and of an oracle that reads the goal
   (envs.webshop.oracle_response): the floor, two rungs and the ceiling of a learning

@@ -25,9 +25,10 @@ Expected:  raises the mean reward; success stays sporadic. GiGPO and GRPO, seed 
            each step (the start's prior: a search of a random span of the instruction,
            then random clicks) scores a mean purchase reward of 0.130 and succeeds on
            1.2%; a random shopper (a random span searched, a random result opened, a
-           random value in each option group, then Buy Now) 0.590 and 15.0%; copying words without knowing which matter (three of the instruction's
-           first eight searched, the first result opened, the options the instruction
-           names chosen) 0.462 and 11.9%; the same with the whole instruction searched
+           random value in each option group, then Buy Now) 0.590 and 15.0%; copying
+           words without knowing which matter (three of the instruction's first eight
+           searched, the first result opened, the options the instruction names chosen)
+           0.462 and 11.9%; the same with the whole instruction searched
            0.959 and 85.5%; an oracle that reads the goal 100%.
            What holds success back: copies and option clicks. The start copies few
            searches exactly (40 of 253 sampled first searches are a span of the
