@@ -130,7 +130,7 @@ def random_valid_episodes(tokenizer, entries: Sequence[tuple], num_episodes: int
       env = running[0].env
       text = env.sample_valid_response(rng) if policy is None else policy(env, rng)
       if think:
-        text = think_response(running[0].env, text)
+        text = think_response(env, text)
       ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
       return _Generated(ids[:max_tokens], [-1] * min(len(ids), max_tokens))
 
@@ -220,6 +220,17 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
+def train_entries(config) -> tuple:
+  """`config`'s training envs as `random_valid_episodes` entries: (tag, env entry, the
+  train env manager's step-wise cut, an equal share of the episodes)."""
+  from rollx.rollout.env_worker import manager_kwargs
+  kwargs = manager_kwargs(config, "train_env_manager")
+  cut = dict(step_wise=kwargs["step_wise"], history_length=kwargs["history_length"])
+  tags = tuple(config.train_env_manager.tags)
+  return tuple((tag, config.custom_envs[tag].to_dict(), dict(cut), 1.0 / len(tags))
+               for tag in tags)
+
+
 def for_config(config) -> str:
   """The model directory a run with `warm_start_steps` > 0 starts from: a copy of
   `pretrain` in output_dir/warm_start, trained on random-valid-action transcripts of the
@@ -247,9 +258,7 @@ def for_config(config) -> str:
   shutil.copytree(models.resolve_model_dir(config.pretrain), tmp)
   kwargs = manager_kwargs(config, "train_env_manager")
   tags = tuple(config.train_env_manager.tags)
-  entries = tuple((tag, config.custom_envs[tag].to_dict(),
-                   dict(step_wise=kwargs["step_wise"], history_length=kwargs["history_length"]),
-                   1.0 / len(tags)) for tag in tags)
+  entries = train_entries(config)
   # enough episodes for the rows the steps read (16 a step): a step-wise episode of random
   # actions gives about half its env's max_steps samples
   rows = config.warm_start_steps * 16

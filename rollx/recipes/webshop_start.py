@@ -55,7 +55,6 @@ spend the warm start's minutes.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs", "webshop.py")
@@ -116,25 +115,21 @@ def build(out_dir: str, config_path: str = CONFIG, steps: int = STEPS,
   return built
 
 
-def shop(model_dir: str, config, steps: int, episodes: Optional[int] = None) -> dict:
-  """Stage 3, in place: `steps` on random-shopper transcripts of `config`'s training
-  WebShop env (envs.webshop.shopper_response: the shop's procedure, every choice random,
-  no goal read), loss on the answers alone."""
+def shop(model_dir: str, config, steps: int) -> dict:
+  """Stage 3, in place: `steps` on SHOPPER_EPISODES random-shopper transcripts of
+  `config`'s training WebShop env (envs.webshop.shopper_response: the shop's procedure,
+  every choice random, no goal read), loss on the answers alone."""
   from rollx.models import hf
   from rollx.recipes import warm_start
-  from rollx.rollout.env_worker import manager_kwargs
   from envs import webshop
-  tag = config.train_env_manager.tags[0]
-  kwargs = manager_kwargs(config, "train_env_manager")
-  entry = (tag, config.custom_envs[tag].to_dict(),
-           dict(step_wise=kwargs["step_wise"], history_length=kwargs["history_length"]), 1.0)
+  entries = warm_start.train_entries(config)
   transcripts = warm_start.random_valid_episodes(
-      hf.load_tokenizer(model_dir), [entry], episodes or SHOPPER_EPISODES, seed=0,
+      hf.load_tokenizer(model_dir), entries, SHOPPER_EPISODES, seed=0,
       sequence_length=config.sequence_length, policy=webshop.shopper_response)
   return warm_start.warm_start(model_dir, steps=steps, episodes=transcripts,
                                sequence_length=config.sequence_length, log_every=25,
-                               responses_only=(tag,), learning_rate=SHOPPER_LEARNING_RATE)
-
+                               responses_only=tuple(tag for tag, *_ in entries),
+                               learning_rate=SHOPPER_LEARNING_RATE)
 
 def main(argv):
   del argv
