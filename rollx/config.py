@@ -292,7 +292,8 @@ def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
               tools: Tuple[str, ...] = (), mcp_servers: Tuple[str, ...] = (),
               max_turns: int = 8,
               max_tool_response_length: int = 256,
-              agent_program: str = "") -> ml_collections.ConfigDict:
+              agent_program: str = "",
+              python_sandbox: str = "bwrap") -> ml_collections.ConfigDict:
   """A `custom_envs` entry: which env class, its config, the per-turn token cap, and
   the prompt text ('' = ROLL's system prompt / turn template, rollx.rollout.prompts;
   the env's own `instructions`; system_prompt='none': no system message).
@@ -303,12 +304,15 @@ def env_entry(env_type: str, env_config: Optional[Dict[str, Any]] = None,
   tokens). `mcp_servers`: commands of local MCP servers (stdio) whose tools join.
   'program': `agent_program` ("package.module:function"), an async agent function of the
   user's, talks to the model through an OpenAI-compatible endpoint; `tools` and
-  `mcp_servers` are offered to it."""
+  `mcp_servers` are offered to it. `python_sandbox`: how the `python` tool confines model
+  code (rollx.tools.sandbox): 'bwrap' (namespaces, seccomp, limits; the run refuses to start
+  where the host does not allow them) or 'process' (rlimits only, no isolation)."""
   return _cd(env_type=env_type, env_config=_cd(**(env_config or {})),
              max_tokens_per_step=max_tokens_per_step, system_prompt=system_prompt,
              turn_template=turn_template, instructions=instructions, agent_loop=agent_loop,
              tools=tuple(tools), mcp_servers=tuple(mcp_servers), max_turns=max_turns,
-             max_tool_response_length=max_tool_response_length, agent_program=agent_program)
+             max_tool_response_length=max_tool_response_length, agent_program=agent_program,
+             python_sandbox=python_sandbox)
 
 
 _ENV_ENTRY_KEYS = tuple(env_entry("FrozenLake").keys())
@@ -613,6 +617,11 @@ def _custom_envs(c: _Checker, cfg):
                 f"{', '.join(tools_lib.registered_tools())}")
       elif names and loop not in TOOL_LOOPS:
         c.error(f"{path}.tools", f"set, but agent_loop={loop!r} never calls tools (use 'tool')")
+    from rollx.tools import sandbox
+    mode = entry.get(sandbox.CONFIG_KEY, "bwrap")
+    if mode not in sandbox.MODES:
+      c.error(f"{path}.{sandbox.CONFIG_KEY}", f"unknown sandbox {mode!r}; known: "
+              f"{', '.join(sandbox.MODES)}")
     servers = entry.get("mcp_servers", ())
     if not isinstance(servers, (tuple, list)) or not all(
         isinstance(x, str) and x.strip() for x in servers):

@@ -149,10 +149,14 @@ def entry_toolset(entry):
   """The tools a `custom_envs` entry offers: registered `tools` and its MCP servers'."""
   from rollx import tools as tools_lib
   from rollx.tools.mcp_tools import server_tools
+  from rollx.tools import sandbox
   declared = [tools_lib.get_tool(n) for n in entry.get("tools") or ()]
   for command in entry.get("mcp_servers") or ():
     declared += server_tools(command)
-  return tools_lib.ToolSet(declared)
+  mode = entry.get(sandbox.CONFIG_KEY, "bwrap")
+  if "python" in (entry.get("tools") or ()):
+    sandbox.require(mode)  # refuses here, in the env worker, not at the model's first call
+  return tools_lib.ToolSet(declared, python_sandbox=mode)
 
 
 def load_program(spec: str) -> Callable:

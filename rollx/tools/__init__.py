@@ -64,6 +64,7 @@ async def _python(code, session: ToolSession):
   if sandbox is None:
     # its own output cap under the tool set's, so its marker says how much was dropped
     sandbox = session.state["python"] = PythonSandbox(
+        mode=session.toolset.python_sandbox,
         output_chars=max(100, session.toolset.max_response_chars - 100))
   return await sandbox.run(code)
 

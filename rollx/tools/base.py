@@ -103,13 +103,14 @@ class ToolSet:
   """The tools of one env entry; `session()` gives an episode its own state."""
 
   def __init__(self, tools: Sequence[Tool], max_calls: int = 16,
-               max_response_chars: int = 4000):
+               max_response_chars: int = 4000, python_sandbox: str = "bwrap"):
     names = [t.name for t in tools]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
       raise ValueError(f"tool {duplicate!r} is declared twice")
     self.tools = {t.name: t for t in tools}
     self.max_calls, self.max_response_chars = max_calls, max_response_chars
+    self.python_sandbox = python_sandbox  # the `python` tool's mode (rollx.tools.sandbox)
 
   def schemas(self) -> List[Dict[str, Any]]:
     return [t.schema() for t in self.tools.values()]
