@@ -181,7 +181,7 @@ def test_an_mcp_servers_tools_join_the_tool_set_and_answer_calls():
   loop = agent_loops.make_agent_loop(0, "Task", tool_entry(tools=("calculator",), mcp_servers=(server,)),
                                      tok, None, sequence_length=4000)
   names = [s["function"]["name"] for s in loop.toolset.schemas()]
-  assert names == ["calculator", "add", "shout"]
+  assert names == ["calculator", "add", "shout", "hang"]
   add = loop.toolset.tools["add"]
   assert add.parameters["required"] == ["a", "b"] and add.description == "Adds two integers."
   env = loop.env
