@@ -28,6 +28,15 @@ Differences from OpenAI's API, all by design:
 - `tool_choice`: `none` leaves tool-call text as content; `required` and a named function
   make the reply start with `<tool_call>` (served as prompt ids, mask 0).
 - `n` must be 1; any `model` name is accepted (agents hard-code theirs).
+- Every other request field is honoured or refused (400 naming it, code
+  `unsupported_parameter`): `logprobs` gives each generated token's log-prob under the
+  distribution the server sampled it from (not streamed); `top_logprobs` above 0,
+  `response_format` other than text, nonzero `presence_penalty` / `frequency_penalty`, a
+  `logit_bias` and any field OpenAI's API does not have are refused; `parallel_tool_calls:
+  false` keeps the first call; `user` is accepted (a caller's own label).
+- A reply cut by `max_tokens` is `finish_reason: "length"` with its text as content, tool
+  calls included: an unfinished call is never returned as one. `usage.completion_tokens`
+  counts every generated token, those after a stop text too.
 - A reply is capped by the context: `max_tokens` beyond what is left of
   `sequence_length` is shortened (finish_reason `length`); a prompt over it is
   `context_length_exceeded`.
@@ -48,6 +57,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Union
 
 import fastapi
 import pydantic
+import starlette.exceptions
 import uvicorn
 from fastapi import responses
 
@@ -59,8 +69,10 @@ MAX_EPISODES = 4096  # recordings kept for episodes nobody closes (rollx.serve),
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
-# -- the request, as OpenAI documents it (unknown fields are ignored) -------------------
+# -- the request, as OpenAI documents it ------------------------------------------------
 class _Model(pydantic.BaseModel):
+  # a message echoed back from a response may carry fields of no meaning here
+  # (`refusal`, `annotations`): ignored. The request itself forbids unknown fields.
   model_config = pydantic.ConfigDict(extra="allow")
 
 
@@ -100,6 +112,7 @@ class _NamedChoice(_Model):
 
 
 class ChatRequest(_Model):
+  model_config = pydantic.ConfigDict(extra="forbid")  # an unknown field is a 400 naming it
   model: str = ""
   messages: List[Message] = pydantic.Field(min_length=1)
   tools: Optional[List[_ToolDecl]] = None
@@ -113,6 +126,38 @@ class ChatRequest(_Model):
   n: Optional[int] = pydantic.Field(None, ge=1, le=1)
   stream: bool = False
   stream_options: Optional[Dict[str, Any]] = None
+  logprobs: Optional[bool] = None
+  top_logprobs: Optional[int] = pydantic.Field(None, ge=0, le=20)
+  parallel_tool_calls: Optional[bool] = None
+  user: Optional[str] = None
+  # accepted only at their neutral values (_unsupported)
+  response_format: Optional[Dict[str, Any]] = None
+  presence_penalty: Optional[float] = None
+  frequency_penalty: Optional[float] = None
+  logit_bias: Optional[Dict[str, float]] = None
+
+
+def _unsupported(body: ChatRequest) -> None:
+  """A 400 for a field the endpoint cannot honour, naming it."""
+  refused = None
+  if body.response_format not in (None, {"type": "text"}):
+    refused = ("response_format", "only {\"type\": \"text\"}: the servers do not constrain "
+               "decoding to a format")
+  for name in ("presence_penalty", "frequency_penalty"):
+    if getattr(body, name) not in (None, 0):
+      refused = (name, "the servers sample without penalties")
+  if body.logit_bias:
+    refused = ("logit_bias", "the servers sample without logit biases")
+  if body.top_logprobs:
+    refused = ("top_logprobs", "the servers return the sampled token's log-prob only; "
+               "ask for logprobs with top_logprobs 0")
+  elif body.top_logprobs is not None and not body.logprobs:
+    refused = ("top_logprobs", "needs logprobs: true")
+  if body.logprobs and body.stream:
+    refused = ("logprobs", "not with stream: true (ask without streaming)")
+  if refused:
+    raise APIError(400, f"{refused[0]} is not supported: {refused[1]}", refused[0],
+                   "unsupported_parameter")
 
 
 class APIError(Exception):
@@ -311,7 +356,16 @@ class OpenAIEndpoint:
       if error.get("type") == "json_invalid":
         return _error(400, f"the request body is not valid JSON: {error.get('msg', '')}")
       param = _field(error.get("loc", ()))
+      if error.get("type") == "extra_forbidden":
+        return _error(400, f"{param} is not a field this endpoint knows (OpenAI's Chat "
+                      "Completions request fields only)", param, "unsupported_parameter")
       return _error(400, f"{param or 'body'}: {error.get('msg', 'invalid')}", param or None)
+
+    @app.exception_handler(starlette.exceptions.HTTPException)
+    async def _route(request, exc):  # unknown routes and methods, as OpenAI answers them
+      code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+      what = "no such route" if exc.status_code == 404 else exc.detail
+      return _error(exc.status_code, f"{request.method} {request.url.path}: {what}", code=code)
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -367,11 +421,12 @@ class OpenAIEndpoint:
     if self._in_flight[""] >= self.max_concurrent_requests:
       raise APIError(429, f"over {self.max_concurrent_requests} concurrent requests",
                      code="rate_limit_exceeded", kind="rate_limit_error")
+    _unsupported(body)
     keys = ("", episode_id) if episode_id else ("",)
     for key in keys:
       self._in_flight[key] += 1
     try:
-      reply, usage, finish = await self._generate(body, episode_id)
+      reply, usage, finish, logprobs = await self._generate(body, episode_id)
     finally:
       for key in keys:
         self._in_flight[key] -= 1
@@ -386,7 +441,7 @@ class OpenAIEndpoint:
           media_type="text/event-stream")
     return {"id": completion_id, "object": "chat.completion", "created": created,
             "model": model, "choices": [{"index": 0, "message": reply, "finish_reason": finish,
-                                         "logprobs": None}], "usage": usage}
+                                         "logprobs": logprobs}], "usage": usage}
 
   async def _generate(self, body: ChatRequest, episode_id: Optional[str]):
     settings = self._episode_settings.get(episode_id, self.settings) if episode_id \
@@ -445,6 +500,7 @@ class OpenAIEndpoint:
         raise APIError(400, str(e)) from None
       raise
     ids = list(gen.token_ids)
+    generated = len(ids)
     ended = bool(ids) and ids[-1] == self.eos_id
     versions = list(gen.token_versions) or [gen.policy_version] * len(ids)
     logp = list(getattr(gen, "behaviour_logp", None) or ())
@@ -453,18 +509,32 @@ class OpenAIEndpoint:
     ids, text, stopped = self._cut_at_stop(ids, text, [s for s in stops if s])
     versions, logp = versions[:len(ids)], logp[:len(ids)]
     raw = forced + text
-    reply, calls = self._reply(raw, body.tool_choice != "none" and bool(tools))
-    if calls:
-      finish = "tool_calls"
-    elif stopped or ended:
-      finish = "stop"
-    else:
-      finish = "length" if len(ids) >= max_tokens else "stop"
+    cut = not (stopped or ended) and generated >= max_tokens
+    # a reply cut by max_tokens may end inside a call: its text is the content
+    reply, calls = self._reply(raw, body.tool_choice != "none" and bool(tools) and not cut)
+    if calls and body.parallel_tool_calls is False:
+      reply["tool_calls"] = calls = calls[:1]
+    finish = "length" if cut else "tool_calls" if calls else "stop"
     if rec is not None:
       rec.commit(call, ids, versions, logp, raw, reply, stopped)
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-             "total_tokens": len(prompt) + len(ids)}
-    return reply, usage, finish
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": generated,
+             "total_tokens": len(prompt) + generated}
+    return reply, usage, finish, self._logprobs(ids, logp) if body.logprobs else None
+
+  def _logprobs(self, ids: List[int], logp: List[float]) -> Dict[str, Any]:
+    """OpenAI's `choices[].logprobs` for the reply's generated tokens (the end-of-turn
+    token left out, as it is of the content)."""
+    if len(logp) < len(ids) or any(v != v for v in logp[:len(ids)]):
+      raise APIError(500, "the rollout server returned no log-probs for this reply",
+                     "logprobs", kind="server_error")
+    content = []
+    for token_id, value in zip(ids, logp):
+      if token_id == self.eos_id:
+        continue
+      token = self.tokenizer.decode([token_id], skip_special_tokens=True)
+      content.append({"token": token, "logprob": float(value),
+                      "bytes": list(token.encode("utf-8")), "top_logprobs": []})
+    return {"content": content, "refusal": None}
 
   def _forced(self, body: ChatRequest, tools) -> str:
     choice = body.tool_choice

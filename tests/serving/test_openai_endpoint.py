@@ -164,6 +164,21 @@ def test_models_completion_stream_and_tool_calls_with_the_openai_client(serve, t
      None),
     ({"messages": [{"role": "user", "content": "ab " * 600}]}, "messages",
      "context_length_exceeded"),
+    # a field is honoured or refused by name, never ignored
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+     "response_format", "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5},
+     "presence_penalty", "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 1.0},
+     "frequency_penalty", "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 10}}, "logit_bias",
+     "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3},
+     "top_logprobs", "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "stream": True},
+     "logprobs", "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}, "functions",
+     "unsupported_parameter"),
 ])
 def test_bad_requests_get_openais_error_object_naming_the_field(serve, body, param, code):
   with pytest.raises(openai.BadRequestError) as e:  # the client's own request path, raw body
@@ -177,6 +192,66 @@ def test_bad_requests_get_openais_error_object_naming_the_field(serve, body, par
   assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
   assert client(serve.url).chat.completions.create(
       model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2).choices
+
+
+def test_logprobs_are_the_sampled_tokens_and_unknown_routes_answer_openais_error(serve):
+  reply = client(serve.url).chat.completions.create(
+      model="m", messages=[{"role": "user", "content": "x"}], max_tokens=8, logprobs=True,
+      top_logprobs=0, parallel_tool_calls=True, user="agent-7")
+  content = reply.choices[0].logprobs.content
+  assert 1 <= len(content) <= reply.usage.completion_tokens
+  assert "".join(t.token for t in content) == (reply.choices[0].message.content or "")
+  assert all(t.logprob <= 0 and t.bytes == list(t.token.encode()) for t in content)
+  plain = client(serve.url).chat.completions.create(
+      model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+  assert plain.choices[0].logprobs is None
+  root = serve.url.rsplit("/v1", 1)[0]
+  for method, path, status, code in (("GET", "/v1/nothing", 404, "not_found"),
+                                     ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+                                     ("PUT", "/episodes/e1", 405, "method_not_allowed")):
+    r = httpx.request(method, root + path)
+    assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def scripted_endpoint(text, **kwargs):
+  """An endpoint whose generator returns the ids of `text` (no end-of-turn): what a
+  server returns for a reply it stopped at max_tokens."""
+  tok = hf.load_tokenizer(models.DEFAULT_MODEL_DIR)
+  ids = tok.encode(text, add_special_tokens=False)
+
+  async def generate(request_id, prompt_ids, max_tokens, **_):
+    out = ids[:max_tokens]
+    return types.SimpleNamespace(token_ids=out, token_versions=[0] * len(out),
+                                 policy_version=0, behaviour_logp=[-0.25] * len(out))
+
+  return openai_endpoint.OpenAIEndpoint(generate, tok, **kwargs), len(ids)
+
+
+def test_a_reply_cut_inside_a_tool_call_is_length_with_its_text_and_usage_counts_all():
+  text = '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b"'
+
+  async def go():
+    endpoint, n = scripted_endpoint(text)
+    await endpoint.start()
+    api = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key="-", max_retries=0)
+    try:
+      cut = await api.chat.completions.create(
+          model="m", messages=[{"role": "user", "content": "x"}], tools=tool_schemas(),
+          max_tokens=n)
+      stopped = await api.chat.completions.create(
+          model="m", messages=[{"role": "user", "content": "x"}], max_tokens=n,
+          stop=['"name"'])
+    finally:
+      await endpoint.stop()
+    return cut, stopped, n
+
+  cut, stopped, n = asyncio.run(go())
+  choice = cut.choices[0]
+  assert choice.finish_reason == "length" and not choice.message.tool_calls
+  assert choice.message.content == text
+  assert stopped.choices[0].message.content == "<tool_call>\n{"
+  assert stopped.usage.completion_tokens == n  # generated, not only the kept ids
 
 
 def test_64_concurrent_sessions_record_their_own_calls(serve):
@@ -296,6 +371,11 @@ def test_no_live_server_is_503_and_auth_and_body_limits(tmp_path):
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     assert httpx.get(f"{endpoint.base_url}/models",
                      headers={"authorization": "Bearer sekret"}).status_code == 200
+    root = endpoint.base_url.rsplit("/v1", 1)[0]  # the recordings need the key too
+    for method in ("GET", "DELETE"):
+      assert httpx.request(method, f"{root}/episodes/e1").status_code == 401
+      r = httpx.request(method, f"{root}/episodes/e1", headers={"authorization": "Bearer sekret"})
+      assert r.status_code == 404 and r.json()["error"]["code"] == "episode_not_found"
   finally:
     asyncio.run_coroutine_threadsafe(endpoint.stop(), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
