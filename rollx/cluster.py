@@ -31,7 +31,7 @@ from absl import logging
 import ml_collections
 import ray
 
-from rollx import console, hostmem
+from rollx import console, hostmem, stopping
 from rollx.errors import RolloutError
 from rollx.parallel import distributed
 from rollx.rollout.env_worker import EnvWorker
@@ -289,8 +289,12 @@ class Rollout:
   def get_batch(self, batch_size: int):
     pending = self.scheduler.get_batch.remote(batch_size)
     try:
-      while not ray.wait([pending], timeout=WORKER_CHECK_S)[0]:
-        self.check_workers()
+      checked = time.monotonic()
+      while not ray.wait([pending], timeout=STOP_CHECK_S)[0]:
+        stopping.check()  # a stop signal drops the batch being collected
+        if time.monotonic() - checked > WORKER_CHECK_S:
+          self.check_workers()
+          checked = time.monotonic()
       batch = ray.get(pending)
     except ray.exceptions.RayTaskError as e:
       if isinstance(e.cause, RolloutError):  # the message, not Ray's traceback around it
@@ -352,6 +356,8 @@ class Rollout:
 # How often a trainer waiting for a batch checks that every env worker is there and
 # running its loops: loops that stopped cost a batch at most this long.
 WORKER_CHECK_S = 10.0
+# How soon a trainer waiting for a batch sees a stop signal (rollx.stopping).
+STOP_CHECK_S = 0.25
 
 
 def _last_line(error: Exception) -> str:

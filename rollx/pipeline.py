@@ -27,14 +27,15 @@ import jax
 import ml_collections
 import numpy as np
 
-from rollx import checkpoint, cluster, config as rollx_config, models
-from rollx.algos import advantages as adv_lib
+from rollx import checkpoint, cluster, config as rollx_config, models, stopping
+from rollx.algos import advantages as adv_lib, correction
 from rollx.errors import RolloutError
 from rollx.models import hf
 from rollx.rollout.render import save_episode_frames
 from rollx.rollout.scheduler import episode_metrics
 from rollx.rollout.types import RolloutBatch, collate
 from rollx.serving.client import RolloutClient
+from rollx.tools import sandbox
 from rollx.trainer.learner import Learner
 from rollx.tracking import Tracker
 
@@ -46,6 +47,10 @@ class AgenticPipeline:
     self._owns_ray = cluster.init_ray(c)
     for warning in rollx_config.inactive_settings(c):
       logging.warning("%s", warning)
+    if jax.process_index() == 0:  # the run's first lines: what guards its data
+      print(correction.start_line(c), flush=True)
+      for line in sandbox.check_entries(c.custom_envs):
+        print(line, flush=True)
     if c.warm_start_steps:  # the servers, env workers and learner all load this directory
       from rollx.recipes import warm_start
       c.pretrain = warm_start.for_config(c)
@@ -53,6 +58,7 @@ class AgenticPipeline:
     self.tokenizer = hf.load_tokenizer(policy.model_dir)
     self.learner = Learner(c, policy)
     self.step = 0
+    self._finished_streams: Optional[Dict[str, dict]] = None  # set as each step starts
     self.servers = cluster.start_servers(c)
     addresses = self.servers.addresses
     self.client = RolloutClient(addresses, weight_targets=[self.servers])
@@ -69,13 +75,31 @@ class AgenticPipeline:
       self._restore(*resume)
 
   # -- checkpoints ---------------------------------------------------------------------
-  def save(self) -> None:
+  def stream_states(self) -> Dict[str, dict]:
+    """Where the level streams stand (resume: the next levels, not the same again)."""
+    streams = {"train_streams": self.train_rollout.stream_state()}
+    if self.val_rollout is not None:
+      streams["val_streams"] = self.val_rollout.stream_state()
+    return streams
+
+  def save(self, streams: Optional[Dict[str, dict]] = None) -> None:
+    """Checkpoint `step` (the steps before it finished); `streams`: the level streams as
+    they stood when the last of them finished (default: now)."""
     self.tracker.sync()  # the metrics of every step up to here survive a kill -9 too
     meta = {"step": self.step, "kl_coef": self.learner.kl_ctrl.coef,
-            "train_streams": self.train_rollout.stream_state()}
-    if self.val_rollout is not None:  # resume: validation goes on with the next levels
-      meta["val_streams"] = self.val_rollout.stream_state()
+            **(streams if streams is not None else self.stream_states())}
     self.checkpointer.save(self.step, self.learner.states(), meta)
+
+  def _save_finished(self) -> Optional[str]:
+    """A step was dropped (a stop, a rollout that cannot go on): checkpoint the steps that
+    finished, with the streams as they stood after the last (taken before the dropped
+    step's rollout moved them), unless saved already. The directory of the last
+    checkpoint, if any."""
+    latest = self.checkpointer.latest_step()
+    if self.step > 0 and latest != self.step:
+      self.save(self._finished_streams)
+      latest = self.step
+    return None if latest is None else os.path.join(self.checkpointer.directory, str(latest))
 
   def _restore(self, directory: str, step: int) -> None:
     source = self.checkpointer if directory == self.checkpointer.directory else \
@@ -155,6 +179,7 @@ class AgenticPipeline:
   def train_step(self) -> Dict[str, float]:
     c, t0 = self.config, time.time()
     metrics: Dict[str, float] = {}
+    self._finished_streams = self.stream_states()
     if self.step % c.actor_train.model_update_frequency == 0:
       metrics["time/weight_sync"] = self.sync_weights()
     if self.val_rollout is not None and self.step % c.eval_steps == 0:
@@ -212,28 +237,36 @@ class AgenticPipeline:
   def run(self, on_step: Optional[Callable[[int, Dict[str, float]], bool]] = None
           ) -> Dict[str, float]:
     """Trains to max_steps; `on_step(step, metrics)` returning True stops early (benchmarks
-    with a wall-clock budget), with the usual final checkpoint and export."""
+    with a wall-clock budget), with the usual final checkpoint and export. SIGINT and
+    SIGTERM stop it too (rollx.stopping): the finished steps saved, then `Stopped`."""
     c = self.config
     metrics: Dict[str, float] = {}
     try:
-      while self.step < c.max_steps:
-        try:
-          metrics = self.train_step()
-        except RolloutError:
-          # The rollout cannot go on (every server down past its restarts, ...): keep
-          # what the finished steps learned; the caller reports the one-line cause.
-          if self.step > 0 and self.checkpointer.latest_step() != self.step:
+      with stopping.on_signals():
+        while self.step < c.max_steps:
+          try:
+            metrics = self.train_step()
+          except (RolloutError, stopping.StopRequested) as e:
+            # The step cannot go on (a stop signal; every server down past its restarts,
+            # ...): keep what the finished steps learned.
+            saved = self._save_finished()
+            if isinstance(e, stopping.StopRequested):
+              raise stopping.Stopped(stopping.requested(), self.step, saved) from None
+            raise
+          self.tracker.scalars(self.step, metrics)
+          self.tracker.console(self.step, metrics)
+          self.step += 1
+          stop = on_step is not None and on_step(self.step - 1, metrics)
+          signum = stopping.at_step_end(self.step)
+          if (self.step % c.save_steps == 0 or self.step == c.max_steps or stop
+              or signum is not None):
             self.save()
-          raise
-        self.tracker.scalars(self.step, metrics)
-        self.tracker.console(self.step, metrics)
-        self.step += 1
-        stop = on_step is not None and on_step(self.step - 1, metrics)
-        if self.step % c.save_steps == 0 or self.step == c.max_steps or stop:
-          self.save()
-        if stop:
-          break
-      self.export(os.path.join(c.output_dir, "export"))
+          if signum is not None:
+            raise stopping.Stopped(signum, self.step, os.path.join(
+                self.checkpointer.directory, str(self.step)))
+          if stop:
+            break
+        self.export(os.path.join(c.output_dir, "export"))
     finally:
       self.close()
     return metrics

@@ -22,15 +22,18 @@ token; `rollout_correction` picks what to do with w (C = rollout_correction_thre
 - seq_tis: sequence level: min(prod_t w_t, C) on every token of the sample;
 - decoupled: AReaL's decoupled objective, w untruncated, tokens with w > C dropped
   (AReaL's cap on the behaviour weight).
-`auto` (the default) is tis when the rollouts are off-policy by construction (async or
-temperature != 1), none otherwise. Tokens without a behaviour log-prob (symmetric
+`auto` (the default) is tis whenever the config makes the rollouts' data differ from
+actor_train's policy (`off_policy_reasons`: async or stale weights, sampling other than
+the full softmax at temperature 1, kept keys/values of older weights, reduced-precision
+or other-dtype inference), none otherwise; `start_line` says which mode is in force and
+why, as the run's first lines. Tokens without a behaviour log-prob (symmetric
 views, scripted data) get weight 1. The weights are data for the loss (no gradient
 flows through them); the loss keeps its denominator, so a masked token counts as zero.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -46,14 +49,54 @@ def sampling_temperature(config) -> float:
   return t if t > 0 else 1.0
 
 
+def off_policy_reasons(config) -> List[str]:
+  """Why the train rollouts' tokens come from another policy than the one actor_train
+  scores, each naming its setting; [] when the two agree up to fp32 numerics."""
+  infer, train = config.actor_infer, config.actor_train
+  g = infer.generating_args
+  reasons = []
+  if config.async_generation_ratio > 0:
+    reasons.append(f"async_generation_ratio={config.async_generation_ratio} > 0")
+  if float(g.temperature) != 1.0:
+    reasons.append(f"temperature={g.temperature} != 1")
+  # the servers' log-probs are of the truncated distribution, the trainer's of the softmax
+  if float(g.top_p) < 1.0:
+    reasons.append(f"top_p={g.top_p} < 1")
+  if int(g.top_k) > 0:
+    reasons.append(f"top_k={g.top_k} > 0")
+  # synchronous rollouts between weight syncs: up to k - 1 versions stale
+  if train.model_update_frequency > 1:
+    reasons.append(f"model_update_frequency={train.model_update_frequency} > 1")
+  if infer.strategy_args.keep_prefix_across_updates and infer.strategy_args.reuse_kv:
+    reasons.append("keep_prefix_across_updates=True (keys/values of older weights)")
+  infer_dtype, train_dtype = infer.model_args.dtype, train.model_args.dtype
+  if infer_dtype != train_dtype:
+    reasons.append(f"inference dtype {infer_dtype} != training dtype {train_dtype}")
+  elif infer_dtype != "fp32":  # the same low precision, other kernels and shapes
+    reasons.append(f"inference dtype {infer_dtype} (reduced precision)")
+  return reasons
+
+
 def resolve(config) -> str:
   """`rollout_correction` with `auto` resolved."""
   mode = config.rollout_correction
   if mode != "auto":
     return mode
-  off_policy = (config.async_generation_ratio > 0
-                or float(config.actor_infer.generating_args.temperature) != 1.0)
-  return "tis" if off_policy else "none"
+  return "tis" if off_policy_reasons(config) else "none"
+
+
+def start_line(config) -> str:
+  """The run's line on the correction in force and why, e.g. `rollout correction: tis
+  (auto: top_p=0.9 < 1)`."""
+  reasons = ", ".join(off_policy_reasons(config))
+  if config.rollout_correction != "auto":
+    why = f"rollout_correction={config.rollout_correction}" + (
+        f"; off-policy: {reasons}" if reasons else "")
+  else:
+    why = f"auto: {reasons}" if reasons else (
+        "auto: on-policy: synchronous, weights synced every step, full softmax at "
+        "temperature 1, fp32 inference as training")
+  return f"rollout correction: {resolve(config)} ({why})"
 
 
 def importance_weights(mode: str, old_logp_nt: np.ndarray, behaviour_logp_nt: np.ndarray,

@@ -12,11 +12,47 @@ keeps the earlier text as it was. Some templates are not (Qwen3's drops the reas
 assistant turns before the last user message); `ChatTemplate.check_append_only` probes a
 conversation of the kinds a loop appends and raises `TemplateNotAppendOnlyError` naming
 the template and the message kind, at start-up rather than mid-episode.
+
+Outside text is text. Message contents, tool schemas, tool results, env observations and
+agent requests may spell a special token (`<|im_end|>\n<|im_start|>user` in a tool's
+output); encoded as the control token it would end the turn and open a forged one. Only
+the template's own markers and the model's generated ids are control tokens: outside
+strings are marked before rendering (`mark_outside_text`) and the rendering is encoded
+with the marked spellings as plain text (`encode_rendered`), the scheme of transformers'
+`apply_chat_template(..., sanitize_control_tokens=True)`, kept apart in two steps because
+a conversation's ids are encoded piece by piece. Text without special-token spellings
+encodes exactly as an unmarked rendering. Only special tokens are marked: non-special
+added tokens (Qwen's `<think>`, `<tool_call>`) are ordinary vocabulary, and templates
+parse them out of assistant contents, which marks would break.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional, Sequence
+
+from transformers.utils import chat_template_utils
+
+
+def mark_outside_text(tokenizer, obj):
+  """`obj` (a string, or messages / tools: lists and dicts of strings) with every
+  spelling of one of `tokenizer`'s special tokens marked as text."""
+  specials = sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special},
+                    key=len, reverse=True)  # a token before the tokens it contains
+  pattern = re.compile("|".join(map(re.escape, specials)) or "(?!)")
+  return chat_template_utils.mark_control_tokens(obj, pattern)
+
+
+def encode_rendered(tokenizer, text: str) -> List[int]:
+  """Ids of `text` rendered from marked outside strings: the template's special tokens
+  as themselves, the marked spellings as plain text."""
+  return list(tokenizer(text, add_special_tokens=False, sanitize_control_tokens=True)["input_ids"])
+
+
+def encode_text(tokenizer, text: str) -> List[int]:
+  """Ids of an outside string, special-token spellings as plain text."""
+  return encode_rendered(tokenizer, mark_outside_text(tokenizer, text))
+
 
 class TemplateNotAppendOnlyError(ValueError):
   """A chat template that rewrites earlier messages when later ones are added."""
@@ -33,12 +69,18 @@ class ChatTemplate:
     self.eos_text = tokenizer.eos_token or ""
 
   def render(self, messages: Sequence[Dict[str, Any]], add_generation_prompt: bool) -> str:
+    """The rendering of `messages`, outside strings marked (see `encode_rendered`)."""
+    mark = lambda obj: mark_outside_text(self.tokenizer, obj)
     return self.tokenizer.apply_chat_template(
-        list(messages), tools=self.tools, add_generation_prompt=add_generation_prompt,
+        mark(list(messages)), tools=mark(self.tools), add_generation_prompt=add_generation_prompt,
         tokenize=False)
 
   def encode(self, text: str) -> List[int]:
-    return list(self.tokenizer.encode(text, add_special_tokens=False))
+    """Ids of an outside string (a tool result), special-token spellings as plain text."""
+    return encode_text(self.tokenizer, text)
+
+  def encode_rendered(self, text: str) -> List[int]:
+    return encode_rendered(self.tokenizer, text)
 
   def conversation(self, messages: Sequence[Dict[str, Any]]) -> "Conversation":
     return Conversation(self, messages)
@@ -65,7 +107,7 @@ class Conversation:
   """One conversation's served text, extended turn by turn.
 
   `text` is the rendering of everything the model has been served and has generated so
-  far. After a response, the template renders the conversation with the new messages;
+  far, outside strings marked. After a response, the template renders the conversation with the new messages;
   that rendering must start with `text` (else the template rewrote what was served:
   TemplateNotAppendOnlyError); what follows is the next ids to serve."""
 
@@ -75,7 +117,7 @@ class Conversation:
     self.text = template.render(self.messages, add_generation_prompt=True)
 
   def prompt_ids(self) -> List[int]:
-    return self.template.encode(self.text)
+    return self.template.encode_rendered(self.text)
 
   def extend(self, response_text: str, response_ids: Sequence[int],
              new_messages: Sequence[Dict[str, Any]]) -> List[int]:
@@ -85,7 +127,7 @@ class Conversation:
     its ids (an EOS at the end stands for the template's end-of-message text, which is
     then not repeated); `new_messages`: the tool results or user turn that follow."""
     t = self.template
-    served = self.text + response_text
+    served = self.text + mark_outside_text(t.tokenizer, response_text)  # as rendered
     messages = self.messages + [{"role": "assistant", "content": response_text}] + list(new_messages)
     after = t.render(messages, add_generation_prompt=True)
     ended = bool(response_ids) and response_ids[-1] == t.tokenizer.eos_token_id
@@ -97,4 +139,4 @@ class Conversation:
           f"the chat template of {t.name} is not append-only: adding {kinds} messages "
           "rewrites the text already served, so training ids would differ from served ones")
     self.messages, self.text = messages, after
-    return t.encode(after[len(served):])
+    return t.encode_rendered(after[len(served):])

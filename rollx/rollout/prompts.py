@@ -8,12 +8,16 @@ Template pieces are encoded on their own; model responses are kept as the exact
 ids the server returned (decode -> encode is not lossless, and training on ids the
 model did not produce makes multi-turn RL diverge). The chat template decides how
 turns are joined: `continuation` is derived from the tokenizer's own template.
+Observations, instructions and system prompts are outside text: a special token they
+spell is encoded as plain text (rollx/rollout/chat.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 from typing import List, Optional, Sequence
+
+from rollx.rollout import chat
 
 SYSTEM_PROMPT = ("You're a helpful assistant. You are a good game player. You are aiming to "
                  "get high reward in the game.")
@@ -91,11 +95,13 @@ class PromptBuilder:
                                 else self._join_before)
 
   def _render(self, messages) -> str:
-    return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                              tokenize=False)
+    """The rendering of `messages`, outside strings marked (chat.encode_rendered)."""
+    return self.tokenizer.apply_chat_template(chat.mark_outside_text(self.tokenizer, messages),
+                                              add_generation_prompt=True, tokenize=False)
 
   def encode(self, text: str) -> List[int]:
-    return list(self.tokenizer.encode(text, add_special_tokens=False))
+    """Ids of text outside the template, special-token spellings as plain text."""
+    return chat.encode_text(self.tokenizer, text)
 
   def turn_text(self, observation: str, turn_idx: int, actions_left: int) -> str:
     return self.turn_template.format(turn_idx=turn_idx, observation=observation,
@@ -115,8 +121,9 @@ class PromptBuilder:
     """
     ended = bool(response_ids) and response_ids[-1] == self.eos_id
     before = self._join_before_no_eos if ended else self._join_before
-    return self.encode(before + self.turn_text(observation, turn_idx, actions_left)
-                       + self._join_after)
+    turn = chat.mark_outside_text(self.tokenizer,
+                                  self.turn_text(observation, turn_idx, actions_left))
+    return chat.encode_rendered(self.tokenizer, before + turn + self._join_after)
 
   def step_prompt(self, observation: str, turn_idx: int, actions_left: int,
                   history: Sequence[dict], history_length: int) -> List[int]:
@@ -125,4 +132,5 @@ class PromptBuilder:
     text = "".join(HISTORY_TEMPLATE.format(**h) for h in recent)
     user = text + self.turn_text(observation, turn_idx, actions_left)
     system = [] if self.system is None else [{"role": "system", "content": self.system}]
-    return self.encode(self._render(system + [{"role": "user", "content": user}]))
+    return chat.encode_rendered(self.tokenizer,
+                                self._render(system + [{"role": "user", "content": user}]))

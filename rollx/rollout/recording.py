@@ -145,7 +145,7 @@ class EpisodeRecording:
                         forced, None, [], reason)
 
   def _encode(self, text: str) -> List[int]:
-    return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+    return chat.encode_text(self.tokenizer, text) if text else []
 
   def commit(self, call: PreparedCall, response_ids: Sequence[int], versions: Sequence[int],
              behaviour_logp: Sequence[float], raw_text: str, reply: Dict[str, Any],

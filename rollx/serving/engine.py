@@ -194,7 +194,8 @@ class TokenIdsTokenizer(tokenizer_api.Tokenizer):
 
   def encode(self, s: str, **kwargs):
     from jetstream.engine import token_utils
-    ids = np.asarray(self._tok.encode(s), np.int32)
+    # a text request is outside text: no special token it spells is a control token
+    ids = np.asarray(self._tok.encode(s, split_special_tokens=True), np.int32)
     return token_utils.pad_tokens(ids, self.bos_id, self.pad_id, is_bos=False,
                                   max_prefill_length=kwargs.get("max_prefill_length"),
                                   jax_padding=kwargs.get("jax_padding", True))

@@ -82,6 +82,48 @@ def test_auto_is_tis_when_off_policy_by_construction():
   assert correction.resolve(c) == "mis"
 
 
+# each setting that makes the rollouts' data differ from actor_train's policy -> its reason
+OFF_POLICY = {
+    "async": ({"async_generation_ratio": 1.0}, "async_generation_ratio=1.0 > 0"),
+    "temperature": ({"actor_infer.generating_args.temperature": 0.7}, "temperature=0.7 != 1"),
+    "top_p": ({"actor_infer.generating_args.top_p": 0.9}, "top_p=0.9 < 1"),
+    "top_k": ({"actor_infer.generating_args.top_k": 40}, "top_k=40 > 0"),
+    "stale_sync": ({"actor_train.model_update_frequency": 2}, "model_update_frequency=2 > 1"),
+    "kept_prefix": ({"actor_infer.strategy_args.keep_prefix_across_updates": True},
+                    "keep_prefix_across_updates=True (keys/values of older weights)"),
+    "infer_dtype": ({"actor_infer.model_args.dtype": "bf16"},
+                    "inference dtype bf16 != training dtype fp32"),
+    "low_precision": ({"actor_infer.model_args.dtype": "fp16", "actor_train.model_args.dtype": "fp16"},
+                      "inference dtype fp16 (reduced precision)"),
+}
+
+
+@pytest.mark.parametrize("name", list(OFF_POLICY))
+def test_auto_corrects_off_policy_data_and_says_why(name):
+  settings, reason = OFF_POLICY[name]
+  c = config_lib.default_config()
+  c.update_from_flattened_dict(settings)
+  assert correction.off_policy_reasons(c) == [reason]
+  assert correction.resolve(c) == "tis"
+  assert correction.start_line(c) == f"rollout correction: tis (auto: {reason})"
+
+
+def test_the_start_line_of_on_policy_several_reasons_and_a_set_mode():
+  c = config_lib.default_config()
+  assert correction.start_line(c) == (
+      "rollout correction: none (auto: on-policy: synchronous, weights synced every step, "
+      "full softmax at temperature 1, fp32 inference as training)")
+  c.actor_infer.strategy_args.update(keep_prefix_across_updates=True, reuse_kv=False)
+  assert correction.resolve(c) == "none"  # no keys/values kept: the setting is inert
+  c.actor_infer.generating_args.top_p = 0.9
+  c.actor_train.model_update_frequency = 2
+  assert correction.start_line(c) == (
+      "rollout correction: tis (auto: top_p=0.9 < 1, model_update_frequency=2 > 1)")
+  c.rollout_correction = "none"  # as set, and what it leaves uncorrected
+  assert correction.start_line(c) == ("rollout correction: none (rollout_correction=none; "
+                                      "off-policy: top_p=0.9 < 1, model_update_frequency=2 > 1)")
+
+
 # -- the learner ---------------------------------------------------------------------------
 
 
