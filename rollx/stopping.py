@@ -101,7 +101,8 @@ def on_signals(immediate: bool = False) -> Iterator[None]:
   if threading.current_thread() is not threading.main_thread():
     yield
     return
-  handler = _Handler(jax.process_count() > 1, immediate)
+  # not jax.process_count(): that starts the backend, which must come after Ray's forks
+  handler = _Handler(jax.distributed.is_initialized(), immediate)
   # installed after the runtime's own (XLA's failure handlers dump stacks on SIGTERM)
   handler.install()
   _active = handler

@@ -34,8 +34,11 @@ def test_train_console_has_step_and_validation_lines_and_no_library_records(trai
       "\n" + console[-3000:]
   assert [int(m.group(1)) for m in STEP_LINE.finditer(result.stdout)] == [1, 2, 3]
   assert [int(m.group(1)) for m in VAL_LINE.finditer(result.stdout)] == [0, 2]  # eval_steps=2
-  # and nothing else: stdout is those 5 lines (no bar: stderr is not a terminal)
-  assert len([l for l in result.stdout.splitlines() if l.strip()]) == 5, result.stdout
+  # and nothing else: stdout is the run's first line (the correction in force) and those
+  # 5 lines (no bar: stderr is not a terminal)
+  lines = [l for l in result.stdout.splitlines() if l.strip()]
+  assert lines[0].startswith("rollout correction: none (auto: on-policy"), result.stdout
+  assert len(lines) == 6, result.stdout
   assert not result.stderr.strip(), result.stderr[-3000:]
 
 
