@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rollx import cli, config as config_lib  # noqa: E402  (cli defines --config)
+from rollx import checks, cli  # noqa: E402  (cli defines --config)
 
 flags.DEFINE_integer("batches", 3, "rollout batches to collect")
 flags.DEFINE_integer("rounds", 3, "timed rounds over every batch, per setting")
@@ -52,7 +52,7 @@ def main(argv):
     config.train_env_manager.num_env_groups = groups
     config.rollout_batch_size = groups * config.train_env_manager.group_size
     config.min_informative_groups = min(config.min_informative_groups, groups)
-    config = config_lib.validate(config)
+    config = checks.validate(config)
   pipeline = AgenticPipeline(config)
   try:
     batches = [pipeline.collect({}) for _ in range(FLAGS.batches)]

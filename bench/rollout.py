@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import envs  # noqa: E402
 from envs.frozenlake import FrozenLake  # noqa: E402
-from rollx import config as config_lib, models  # noqa: E402
+from rollx import checks, config as config_lib, models  # noqa: E402
 from rollx.recipes import scripted  # noqa: E402
 from rollx.rollout.env_worker import EnvWorker  # noqa: E402
 from rollx.rollout.scheduler import RolloutScheduler  # noqa: E402
@@ -69,7 +69,7 @@ def make_config(policy_dir: str, num_envs: int, ratio: float):
   c.train_env_manager.update(num_env_groups=num_envs // GROUP, group_size=GROUP, tags=("Slow",),
                              max_env_num_per_worker=num_envs)
   c.val_env_manager.tags = ("Slow",)
-  return config_lib.validate(c)
+  return checks.validate(c)
 
 
 class TurnBarrier:

@@ -26,7 +26,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from rollx import config as rollx_config, hostmem, models  # noqa: E402
+from rollx import checks, config as rollx_config, hostmem, models  # noqa: E402
 from rollx.models import hf  # noqa: E402
 from rollx.serving.client import RolloutClient  # noqa: E402
 
@@ -67,7 +67,7 @@ def measure(name: str, tuned: bool, turns: int) -> tuple:
   """(peak RSS GiB, RSS after start-up GiB, seconds) of one server run."""
   stem, sep, layout = name.partition(":")
   arg = os.path.join(ROOT, "configs", f"{stem}.py") + (f":{layout}" if sep else "")
-  config = rollx_config.validate(rollx_config.load_file(arg))
+  config = checks.validate(rollx_config.load_file(arg))
   env = dict(os.environ, ROLLX_MALLOC_TUNING="1" if tuned else "0")
   env.pop("GLIBC_TUNABLES", None)
   env = (hostmem.tuned_environ(env) or env) if tuned else env

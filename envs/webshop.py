@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from envs import base, parsing, webshop_data
+from envs import base, parsing, webshop_catalog, webshop_data
 from envs.registry import register_env
 
 BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE = "Back to Search", "Next >", "< Prev"
@@ -84,7 +84,7 @@ class WebShop(base.TextEnv):
       self.catalog = webshop_data.load_catalog(cfg.data_dir, cfg.human_goals,
                                                cfg.num_products or None)
     else:
-      self.catalog = webshop_data.synthetic_catalog(cfg.num_products, cfg.catalog_seed)
+      self.catalog = webshop_catalog.synthetic_catalog(cfg.num_products, cfg.catalog_seed)
     self._goals = self.catalog.goals(cfg.split)
     if not self._goals:
       raise ValueError(f"WebShop split {cfg.split!r} of {self.catalog.source} has no goals")

@@ -13,7 +13,7 @@ from absl import flags, logging
 import ml_collections
 from ml_collections import config_flags
 
-from rollx import config as config_lib
+from rollx import checks, config as config_lib
 
 CONFIG = config_flags.DEFINE_config_file(
     "config", default=None, help_string="experiment config file, e.g. configs/frozenlake.py",
@@ -64,7 +64,7 @@ def load_config() -> ml_collections.ConfigDict:
     fail(f"cannot load config file {flags.FLAGS['config'].config_filename}: "
          f"{type(e).__name__}: {e}")
   try:
-    return config_lib.validate(config)
+    return checks.validate(config)
   except config_lib.ConfigError as e:
     fail(str(e))
 

@@ -32,6 +32,7 @@ def learning_curve(config, minutes: float, log=print):
   from rollx.pipeline import AgenticPipeline
   start = time.time()
   pipeline = AgenticPipeline(config)
+  pipeline.tracker.set_budget(minutes * 60, start)  # not 13/100000: max_steps is a stand-in
   curve = []
 
   def on_step(step, metrics):

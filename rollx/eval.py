@@ -55,8 +55,7 @@ from absl import app, flags
 import ml_collections
 import numpy as np
 
-from rollx import cli, hostmem
-from rollx import config as config_lib
+from rollx import checks, cli, hostmem
 from rollx.tracking import pass_at_k, wilson_interval
 
 _CHECKPOINT = flags.DEFINE_string(
@@ -269,12 +268,15 @@ def main(argv: List[str]) -> None:
     cli.fail(f"--episodes={levels}: must be >= 1")
   try:
     source = resolve_checkpoint(_CHECKPOINT.value)
+    if source.kind == "orbax":  # the model directory its run started from
+      from rollx.recipes import warm_start  # JAX's modules after jax_platforms is chosen
+      warm_start.prepare(config, build_missing=False)
     if source.kind == "hf":
       config.pretrain = os.path.abspath(source.path)
       from rollx.models import hf
       hf.load_model_config(config.pretrain)
       hf.load_tokenizer(config.pretrain)
-      config_lib.validate(config)
+      checks.validate(config)
   except CheckpointProblem as e:
     cli.fail(str(e))
   except Exception as e:  # noqa: BLE001 - hf.CheckpointError, ConfigError: one line

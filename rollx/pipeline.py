@@ -51,9 +51,6 @@ class AgenticPipeline:
       print(correction.start_line(c), flush=True)
       for line in sandbox.check_entries(c.custom_envs):
         print(line, flush=True)
-    if c.warm_start_steps:  # the servers, env workers and learner all load this directory
-      from rollx.recipes import warm_start
-      c.pretrain = warm_start.for_config(c)
     policy = models.load_model(c.pretrain)
     self.tokenizer = hf.load_tokenizer(policy.model_dir)
     self.learner = Learner(c, policy)

@@ -23,6 +23,7 @@ import jax
 
 from rollx import cli, models
 from rollx.models import hf, llm
+from rollx.recipes import warm_start
 from rollx.rollout.agent_loops import describe_turn, make_agent_loop
 from rollx.rollout.env_manager import EnvManager
 from rollx.rollout.types import Ticket
@@ -86,9 +87,7 @@ def main(argv: List[str]) -> None:
   if len(argv) > 1:
     cli.fail(f"unexpected arguments {argv[1:]}")
   config = cli.load_config()
-  warm = os.path.join(config.output_dir, "warm_start")
-  if config.warm_start_steps and os.path.isfile(os.path.join(warm, "config.json")):
-    config.pretrain = warm  # the model the config's training runs started from
+  warm_start.prepare(config, build_missing=False)  # the model its training runs started from
   tags = list(config.custom_envs.keys())
   if FLAGS.env not in tags:
     cli.fail(f"--env={FLAGS.env!r} is not a custom_envs tag of this config; tags: "

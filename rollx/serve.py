@@ -37,7 +37,8 @@ async def _serve_openai(config, address: str) -> None:
   from rollx import models
   from rollx.models import hf
   from rollx.serving.client import RolloutClient
-  from rollx.serving.openai_endpoint import EpisodeSettings, OpenAIEndpoint
+  from rollx.serving.openai_chat import EpisodeSettings
+  from rollx.serving.openai_endpoint import OpenAIEndpoint
   infer = config.actor_infer.strategy_args
   settings = EpisodeSettings(
       mode="train", sequence_length=min(config.sequence_length, infer.max_cache_length),

@@ -2,9 +2,13 @@
 
 The console (`Tracker.console`): one line per step on stdout,
 
-    step 12/200 [00:31<08:02, 2.57s/step] score=0.412 success=0.406 kl=0.004 ...
+    step 1/200 [00:45, first step: startup and compilation] score=0.102 ...
+    step 12/200 [01:12<08:02, 2.57s/step] score=0.412 success=0.406 kl=0.004 ...
 
-with the run's elapsed time, ETA and rate (tqdm's), one line per validation,
+with the run's elapsed time, time left and rate, both measured from the end of the first
+step (whose time is mostly compilation, so counting it would skew them); a run with a
+wall-clock budget (`set_budget`, rollx.curve's `--minutes`) shows time against its budget
+instead, `step 13 [11:17 of 35:00, 23:43 left, 52.10s/step]`; one line per validation,
 
     val @ 10/200 FrozenLake success=0.617 (95% CI 0.530-0.697, n=128) score=0.532 invalid=0.000
 
@@ -24,7 +28,7 @@ from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
 CONSOLE_KEYS = ("score", "success", "kl", "entropy", "loss", "tokens_per_s")
-_METER = "{n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]"
+_FIRST = "first step: startup and compilation"
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> Tuple[float, float]:
@@ -57,6 +61,8 @@ class Tracker:
     self.logging_dir, self.files = logging_dir, 1
     self.max_steps, self.start = max_steps, time.time()
     self.first_step: Optional[int] = None  # the run's first step (> 0 when resumed)
+    self.first_done: Optional[float] = None  # when it ended: later rates start there
+    self.budget_s: Optional[float] = None
     self.bar: Optional[tqdm] = None
     self.show_bar = enabled and sys.stderr.isatty()
 
@@ -83,25 +89,52 @@ class Tracker:
       images = np.stack(t.frames).transpose(0, 3, 1, 2)  # NCHW
       self.writer.add_images(f"val_episode/{t.ticket.tag}/{i}", images, step)
 
+  def set_budget(self, seconds: float, start: Optional[float] = None) -> None:
+    """A run that ends on a wall-clock budget (from `start`, default this tracker's) rather
+    than at max_steps: the console shows time against the budget."""
+    self.budget_s = float(seconds)
+    if start is not None:
+      self.start = start
+
   def console(self, step: int, metrics: Dict[str, float]) -> None:
     """The validation line (when `metrics` has validation results) and the step line
     of step index `step`; on a terminal the progress bar moves on."""
-    if self.first_step is None:
-      self.first_step = step
+    now = time.time()
+    first = self.first_step is None
+    if first:
+      self.first_step, self.first_done = step, now
       if self.show_bar:
-        self.bar = tqdm(total=self.max_steps, initial=step, unit="step", desc="train",
-                        file=sys.stderr, dynamic_ncols=True, leave=False,
-                        bar_format="{desc} {percentage:3.0f}%|{bar}| " + _METER)
-        self.bar.start_t = self.start  # the rate counts the first step too
+        total, unit = ((int(self.budget_s), "s") if self.budget_s else (self.max_steps, "step"))
+        self.bar = tqdm(total=total, unit=unit, desc="train", file=sys.stderr,
+                        dynamic_ncols=True, leave=False,
+                        bar_format="{desc} {percentage:3.0f}%|{bar}| {postfix}")
     val = validation_line(step, self.max_steps, metrics)
     if val:
       self._write(val)
-    meter = tqdm.format_meter(step + 1, self.max_steps, time.time() - self.start, unit="step",
-                              initial=self.first_step, bar_format=_METER)
+    meter = self._meter(step, now, first)
     shown = " ".join(f"{k}={metrics[k]:.3f}" for k in CONSOLE_KEYS if k in metrics)
     self._write(f"step {meter} {shown}")
     if self.bar is not None:
-      self.bar.update(step + 1 - self.bar.n)
+      self.bar.n = min(self.bar.total, int(now - self.start) if self.budget_s else step + 1)
+      self.bar.set_postfix_str(meter)
+
+  def _meter(self, step: int, now: float, first: bool) -> str:
+    """`N/total [elapsed<left, rate]`, or against the budget; the first step's time is
+    named as what it mostly is."""
+    elapsed = tqdm.format_interval(now - self.start)
+    done = step - self.first_step  # steps since the first one ended
+    rate = (now - self.first_done) / done if done else None
+    rate_text = "" if rate is None else (f"{rate:.2f}s/step" if rate >= 1 else
+                                         f"{1 / max(rate, 1e-9):.2f}step/s")
+    if self.budget_s:
+      left = tqdm.format_interval(max(0.0, self.budget_s - (now - self.start)))
+      tail = _FIRST if first else rate_text
+      return (f"{step + 1} [{elapsed} of {tqdm.format_interval(self.budget_s)}, "
+              f"{left} left, {tail}]")
+    if first:
+      return f"{step + 1}/{self.max_steps} [{elapsed}, {_FIRST}]"
+    left = tqdm.format_interval(rate * (self.max_steps - step - 1))
+    return f"{step + 1}/{self.max_steps} [{elapsed}<{left}, {rate_text}]"
 
   def _write(self, line: str) -> None:
     tqdm.write(line, file=sys.stdout)  # above the bar, which is redrawn below it

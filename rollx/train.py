@@ -23,8 +23,12 @@ import ml_collections
 from rollx import cli, hostmem
 
 def run(config: ml_collections.ConfigDict):
-  """The agentic RL loop (rollx.pipeline.AgenticPipeline) until config.max_steps."""
-  from rollx.pipeline import AgenticPipeline  # heavy imports after flag parsing
+  """The warm start when the config asks for one (built once, then reused), then the
+  agentic RL loop (rollx.pipeline.AgenticPipeline) until config.max_steps."""
+  # heavy imports after flag parsing
+  from rollx.pipeline import AgenticPipeline
+  from rollx.recipes import warm_start
+  warm_start.prepare(config)  # pretrain becomes the start the servers and learner load
   return AgenticPipeline(config).run()
 
 

@@ -8,7 +8,7 @@ from absl import flags
 from ml_collections import config_flags
 import pytest
 
-from rollx import config as config_lib
+from rollx import checks, config as config_lib
 from rollx.rollout import scheduler
 from tests.conftest import ROOT
 
@@ -21,7 +21,7 @@ def load(name):
 
 def errors_of(config):
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(config)
+    checks.validate(config)
   return dict(e.value.errors)
 
 
@@ -30,7 +30,7 @@ SHIPPED = ["frozenlake", "frozenlake:multiturn", "sokoban", "sokoban:multiturn",
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_configs_validate(name):
-  config = config_lib.validate(load(name))
+  config = checks.validate(load(name))
   assert config.custom_envs
   assert config_lib.inactive_settings(config) == []
 
@@ -55,7 +55,7 @@ def test_a_key_switched_off_by_another_is_warned_about():
   config = load("frozenlake")
   assert config.min_informative_groups > 0
   config.drop_zero_advantage_samples = False  # as the README's gae command does
-  warnings = config_lib.inactive_settings(config_lib.validate(config))
+  warnings = config_lib.inactive_settings(checks.validate(config))
   assert len(warnings) == 1 and "min_informative_groups" in warnings[0]
   assert "drop_zero_advantage_samples" in warnings[0]
   config.min_informative_groups = 0
@@ -184,7 +184,7 @@ def test_all_errors_reported_in_one_line():
   config.max_steps = 0
   config.gamma = 2.0
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(config)
+    checks.validate(config)
   message = str(e.value)
   assert "\n" not in message and "config.max_steps" in message and "config.gamma" in message
 
@@ -194,7 +194,7 @@ def test_normalisation_and_partition():
   config.gamma = 1
   config.val_env_manager.num_env_groups = 50
   config.resume_from_checkpoint = True
-  config_lib.validate(config)
+  checks.validate(config)
   assert isinstance(config.gamma, float) and config.resume_from_checkpoint == "true"
   assert scheduler.groups_per_tag(config.train_env_manager) == {
       "SimpleSokoban": 8, "LargerSokoban": 4, "SokobanDifferentGridVocab": 4}
@@ -219,7 +219,7 @@ def test_shipped_configs_fit_a_full_length_episode_of_every_env(name):
   from rollx.rollout.env_worker import manager_kwargs
   from rollx.rollout.types import Ticket
 
-  config = config_lib.validate(load(name))
+  config = checks.validate(load(name))
   tokenizer = hf.load_tokenizer(models.resolve_model_dir(config.pretrain))
   filler = tokenizer.encode("?", add_special_tokens=False)
 
@@ -259,7 +259,7 @@ def test_sokoban_layouts():
 
 @pytest.mark.parametrize("name", ["tool_arithmetic", "langgraph_arithmetic", "openai_frozenlake"])
 def test_agent_configs_validate(name):
-  config = config_lib.validate(load(name))
+  config = checks.validate(load(name))
   assert config_lib.inactive_settings(config) == []
 
 
@@ -318,4 +318,4 @@ def test_every_command_a_config_documents_applies_and_validates(path):
     except (flags.Error, AttributeError, KeyError) as e:
       pytest.fail(f"{os.path.basename(path)} documents {' '.join(overrides)}: {e}")
     if not any(_placeholder(flag) for flag in overrides):
-      config_lib.validate(flag_values.config)
+      checks.validate(flag_values.config)

@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from rollx import config as config_lib
+from rollx import checks, config as config_lib
 from tests.conftest import ROOT
 
 DEFAULTS = config_lib.default_config()
@@ -53,7 +53,7 @@ def base():
 
 def error_keys(config):
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(config)
+    checks.validate(config)
   return [k for k, _ in e.value.errors]
 
 
@@ -93,7 +93,7 @@ def test_one_value_keys_are_named_errors(path, value, message):
   parent, last = lookup(config, path)
   parent[last] = value
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(config)
+    checks.validate(config)
   assert [(k, message in m) for k, m in e.value.errors] == [(path, True)], e.value.errors
 
 
@@ -151,7 +151,7 @@ def test_max_new_tokens_caps_every_turn_with_max_tokens_per_step(mode, max_new_t
   config = config_lib.load_file(os.path.join(ROOT, "configs", "frozenlake.py"))
   sampling = "generating_args" if mode == "train" else "val_generating_args"
   config.actor_infer[sampling].max_new_tokens = max_new_tokens
-  config = config_lib.validate(config)
+  config = checks.validate(config)
   manager = "train_env_manager" if mode == "train" else "val_env_manager"
   tokenizer = hf.load_tokenizer(DEFAULT_MODEL_DIR)
   asked = []
@@ -176,7 +176,7 @@ def test_reference_role_runs_on_its_own_mesh_and_matches_the_actor():
   config.actor_train.strategy_args.update(dp_size=8)
   config.reference.strategy_args.update(dp_size=2, tp_size=2)
   config.reference.device_mapping = (4, 5, 6, 7)
-  config = config_lib.validate(config)
+  config = checks.validate(config)
   policy = models.load_model(None)
   learner = Learner(config, policy)
   assert learner.reference is not learner.actor
@@ -191,6 +191,6 @@ def test_reference_role_runs_on_its_own_mesh_and_matches_the_actor():
   act = np.asarray(learner.actor.compute_logprobs(learner.actor_state.params, batch)[0])
   np.testing.assert_allclose(ref, act, rtol=1e-5, atol=1e-5)
   # alike setups share one compiled pass
-  same = Learner(config_lib.validate(config_lib.load_file(
+  same = Learner(checks.validate(config_lib.load_file(
       os.path.join(ROOT, "configs", "frozenlake.py"))), policy)
   assert same.reference is same.actor

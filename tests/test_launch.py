@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from rollx import config as config_lib
+from rollx import checks, config as config_lib
 from rollx import hostmem
 from tests.conftest import ROOT
 
@@ -383,7 +383,7 @@ def test_cluster_config_errors_name_the_key(key, value, match):
   else:
     config[key] = value
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(config)
+    checks.validate(config)
   assert any(k == key and match in m for k, m in e.value.errors), e.value.errors
 
 
@@ -395,7 +395,7 @@ def test_placement_from_config():
   assert placement(config, "env_worker") == {"rollx_env": LABEL_AMOUNT}
   config.ray_address = "10.0.0.1:6379"
   config.custom_envs.FrozenLake = config_lib.env_entry("FrozenLake")
-  config_lib.validate(config)
+  checks.validate(config)
 
 
 # -- a real two-node Ray cluster on this machine ------------------------------------------------

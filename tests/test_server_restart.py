@@ -10,7 +10,7 @@ import time
 import pytest
 import ray
 
-from rollx import config as config_lib
+from rollx import checks, config as config_lib
 from rollx.errors import RolloutError
 from tests.conftest import ROOT
 
@@ -30,7 +30,7 @@ def small_run(tmp_path, kill_after_s=0.1, **server_args):
   c.actor_train.device_mapping = (0,)
   c.actor_train.training_args.update(per_device_train_batch_size=16, warmup_steps=0)
   c.actor_infer.strategy_args.update(max_concurrent_decodes=16, **server_args)
-  pipeline = AgenticPipeline(config_lib.validate(c))
+  pipeline = AgenticPipeline(checks.validate(c))
   first_pid = ray.get(pipeline.servers.actors[0].pid.remote())
   collected, killed = [], []
   collect = pipeline.collect

@@ -20,8 +20,8 @@ LIBRARY_RECORDS = re.compile(
     r"^[IW]\d{4} |\bINFO\b|All log messages before absl::InitializeLog|oneDNN|cuda drivers|"
     r"cuInit|Started a local Ray instance|constructor arguments|Token authentication",
     re.M)
-STEP_LINE = re.compile(r"^step (\d+)/3 \[\d\d:\d\d<\d\d:\d\d, +[\d.]+(s/step|step/s)\] "
-                       r"score=[-\d.]+ success=[\d.]+ ", re.M)
+STEP_LINE = re.compile(r"^step (\d+)/3 \[\d\d:\d\d(<\d\d:\d\d, +[\d.]+(s/step|step/s)|, first "
+                       r"step: startup and compilation)\] score=[-\d.]+ success=[\d.]+ ", re.M)
 VAL_LINE = re.compile(r"^val @ (\d+)/3 FrozenLake success=[\d.]+ \(95% CI [\d.]+-[\d.]+, "
                       r"n=4\) score=[-\d.]+ invalid=[\d.]+$", re.M)
 
@@ -55,9 +55,11 @@ def test_importing_the_server_loads_no_tensorflow():
       result.stdout, result.stderr[-3000:])
 
 
-def test_console_lines(capsys):
+def test_console_lines(capsys, monkeypatch):
+  clock = [1000.0]
+  monkeypatch.setattr(tracking.time, "time", lambda: clock[0])
   t = tracking.Tracker("/unused", max_steps=200, enabled=False)
-  t.start -= 10.0  # the run's first step took 10 s
+  clock[0] += 45.0  # the run's first step: startup and compiles
   t.console(4, {"score": 0.5, "success": 0.25, "val/FrozenLake/success": 0.75,
                 "val/FrozenLake/num_episodes": 128, "val/FrozenLake/score_mean": 0.6,
                 "val/FrozenLake/invalid_action_rate": 0.0, "tokens_per_s": 1000.0})
@@ -65,9 +67,24 @@ def test_console_lines(capsys):
   low, high = tracking.wilson_interval(96, 128)
   assert val == (f"val @ 4/200 FrozenLake success=0.750 (95% CI {low:.3f}-{high:.3f}, n=128) "
                  "score=0.600 invalid=0.000")
-  # resumed at step 4: the rate and the ETA count this run's steps only (1 in 10 s)
-  assert step.startswith("step 5/200 [00:10<32:30, 10.00s/step] score=0.500 success=0.250 ")
+  # resumed at step 4: its first step is named for what it mostly is
+  assert step.startswith("step 5/200 [00:45, first step: startup and compilation] "
+                         "score=0.500 success=0.250 ")
   assert step.endswith("tokens_per_s=1000.000")
+  clock[0] += 20.0  # two steps of 10 s: the rate and the time left count them, not the compile
+  t.console(5, {})
+  t.console(6, {})
+  assert capsys.readouterr().out.splitlines()[-1] == "step 7/200 [01:05<32:10, 10.00s/step] "
+  t.close()
+  # a wall-clock budget (rollx.curve --minutes=35): time against it, not 7/100000
+  t = tracking.Tracker("/unused", max_steps=100_000, enabled=False)
+  t.set_budget(35 * 60, start=clock[0] - 60.0)
+  t.console(0, {})
+  clock[0] += 600.0
+  t.console(10, {})
+  first, later = capsys.readouterr().out.splitlines()
+  assert first == "step 1 [01:00 of 35:00, 34:00 left, first step: startup and compilation] "
+  assert later == "step 11 [11:00 of 35:00, 24:00 left, 60.00s/step] "
   t.close()
 
 

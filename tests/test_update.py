@@ -7,7 +7,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-from rollx import config as config_lib
+from rollx import checks, config as config_lib
 from tests.conftest import ROOT
 
 
@@ -46,7 +46,7 @@ def test_an_update_raises_positive_advantage_tokens_and_lowers_negative_ones(tmp
   c.actor_train.device_mapping = (0,)
   c.actor_train.training_args.update(per_device_train_batch_size=16, warmup_steps=0)
   c.actor_infer.strategy_args.max_concurrent_decodes = 16
-  pipeline = AgenticPipeline(config_lib.validate(c))
+  pipeline = AgenticPipeline(checks.validate(c))
   try:
     pipeline.sync_weights()
     collected = pipeline.collect({})
@@ -56,4 +56,4 @@ def test_an_update_raises_positive_advantage_tokens_and_lowers_negative_ones(tmp
   # the same samples under seq-mean-token-mean, which packs and merges on per-sample
   # token weights (rollx.trainer.packing.per_sample_mean_weights)
   c.loss_agg_mode = "seq-mean-token-mean"
-  _learn_and_check(Learner(config_lib.validate(c), models.load_model(c.pretrain)), *collected)
+  _learn_and_check(Learner(checks.validate(c), models.load_model(c.pretrain)), *collected)

@@ -11,7 +11,7 @@ from rollx.models import hf, llm
 
 DEFAULT_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default")
 # The default model copy pretrained, then warm started on tool-use demonstrations (configs/tool_arithmetic.py's
-# tools and template; rebuilt by `python -m rollx.recipes.tool_demos`)
+# tools and template; rebuilt by `python -m rollx.recipes.tool_start`)
 DEFAULT_TOOLS_MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                        "default_tools")
 # The tool model, the shop's words added to its vocabulary, warm started on WebShop random-play

@@ -62,7 +62,7 @@ def compute_logprobs(model: llm.Transformer, params, input_ids_bt: jax.Array,
   With `score_bk`, only at those positions (0 elsewhere). `temperature`: of the
   distribution the rollout sampled from, softmax(logits / temperature), over the whole
   vocabulary (the servers' top-k / top-p truncation is not applied here: see
-  rollx.serving.engine.sample_tokens)."""
+  rollx.serving.slot_ops.sample_tokens)."""
   if segment_ids_bt is None:
     segment_ids_bt = jnp.ones_like(input_ids_bt)
   if score_bk is None:

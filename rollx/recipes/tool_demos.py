@@ -1,4 +1,4 @@
-"""Tool-use demonstrations: conversations in which a scripted expert calls the calculator.
+"""Tool-use demonstrations and copy samples: the data of the tool model's start.
 
 Real runs start from an instruct model that already calls tools. The default model has
 never seen a tool call, so RL from it would have no signal; these demonstrations stand in
@@ -9,24 +9,13 @@ template) on reasoning-gym task families *other* than the ones RL trains and val
 `basic_arithmetic`), so any gain on the RL families is RL's. The expert copies the
 problem's expression into one calculator call, then answers with the tool's result.
 
-    python -m rollx.recipes.tool_demos    # ~30 min on 2 CPU cores
+`copy_episodes` are the copy pretraining before them: a pretrained LLM copies text from
+its context and the default model does not, so random strings of digits, operators and
+brackets are repeated verbatim or put into a calculator call, and random numbers read
+back from a tool response into an answer (the copy skill and the call's shape; no
+arithmetic, no reasoning-gym family).
 
-rebuilds the shipped `rollx/models/default_tools/` in two stages:
-1. copy pretraining (`copy_episodes`): a pretrained LLM copies text from its context;
-   the default model does not (with the demonstrations alone its calls carried made-up
-   numbers). Random strings of digits, operators and brackets, repeated verbatim or put
-   into a calculator call, and random numbers read back from a tool response into an
-   answer: the copy skill and the call's shape, no arithmetic (the "results" are random)
-   and no reasoning-gym family. The skill forms abruptly, after a plateau: measured
-   2026-11-27 (batch 8, lr 3e-3, 17 min on 2 cores), the loss on the model's turns
-   stayed at ~1-2 to step ~800, then fell to 0.36 at step 960 and 0.025 at 1,600; with
-   400 steps (batch 16) it never left the plateau and the calls carried made-up digits.
-2. the warm start of rollx.recipes.warm_start (loss on the model's turns) on these
-   demonstrations in configs/tool_arithmetic.py's tool loop, which starts from it, and
-   as many copy samples that open as that loop's episodes do (system prompt and tool
-   list, ~400 tokens): copying learned in short rows alone did not survive that prompt
-   (measured 2026-11-27: no call of the 64 validation problems carried the expression).
-Built once and shipped so that a run, and a test, need not spend the warm start's minutes.
+Pure generators: rollx.recipes.tool_start trains on them (docs/tool_arithmetic_recipe.md).
 """
 
 from __future__ import annotations
@@ -34,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import types
 from typing import List, Sequence
 
 import numpy as np
 
-from rollx.models import hf
+from rollx.rollout.agent_loops import make_agent_loop
+from rollx.rollout.chat import ChatTemplate
 from rollx.rollout.types import Sample, Ticket, Trajectory
 
 # reasoning-gym family -> generator options; none of them is an RL family of the configs
@@ -65,7 +56,6 @@ class Expert:
     self.tokenizer, self.loop = tokenizer, loop
 
   async def __call__(self, request_id, prompt_ids, max_tokens, **_):
-    import types
     text = self.tokenizer.decode(prompt_ids)
     results = _RESULT.findall(text)
     if not results:
@@ -85,7 +75,6 @@ def demonstration_episodes(tokenizer, entry, num_episodes: int, seed: int,
   """`num_episodes` solved conversations of the tool loop of `entry` (its tools, template
   and token budgets) on DEMO_FAMILIES problems; unsolved ones (never, with exact
   arithmetic) are dropped."""
-  from rollx.rollout.agent_loops import make_agent_loop
   entry = dict(entry, agent_loop="tool", agent_program="")  # an agent program's tools too
   entry["env_config"] = dict(entry["env_config"], datasets=tuple(DEMO_FAMILIES),
                              dataset_params=json.dumps(DEMO_FAMILIES), split="train")
@@ -146,12 +135,10 @@ def copy_episodes(tokenizer, num_episodes: int, seed: int, repeat_share: float =
   loop opens an episode, system prompt and tool list first: a copy learned only in short
   contexts does not survive a prompt of several hundred tokens."""
   if entry:
-    from rollx.rollout.agent_loops import make_agent_loop
     loop = make_agent_loop(0, COPY_TAG, dict(entry, agent_loop="tool", agent_program=""),
                            tokenizer, None, sequence_length=sequence_length)
     opening = loop.conversation
   else:
-    from rollx.rollout.chat import ChatTemplate
     template = ChatTemplate(tokenizer)  # the loop's own rendering, no tool list
     opening = lambda ask: template.conversation([{"role": "user", "content": ask}])
   rng = np.random.default_rng(seed)
@@ -182,46 +169,3 @@ def copy_episodes(tokenizer, num_episodes: int, seed: int, repeat_share: float =
     out.append(Trajectory(Ticket(0, COPY_TAG, i, 0, 0), [sample], 0.0, True, len(responses),
                           0, "terminated", -1))
   return out
-
-
-def build_default_tools(out_dir: str, config_path: str, steps: int, copy_steps: int) -> str:
-  """The default model, copy pretrained (`copy_steps`), then warm started for
-  `config_path`'s tool loop (`steps`), written to `out_dir`."""
-  import os
-  import shutil
-  import tempfile
-  from rollx import config as config_lib
-  from rollx import models
-  from rollx.recipes import warm_start
-  config = config_lib.load_file(config_path)
-  config.warm_start_steps = int(steps)
-  with tempfile.TemporaryDirectory() as tmp:
-    copied = os.path.join(tmp, "copy_pretrained")
-    shutil.copytree(models.resolve_model_dir(None), copied)
-    if copy_steps:
-      tokenizer = hf.load_tokenizer(copied)
-      # short samples (~40-130 tokens) packed into 512-token rows; small batches, many
-      # steps: the copy skill appears after a plateau of a few hundred steps
-      warm_start.warm_start(copied, steps=copy_steps, batch_size=8, learning_rate=3e-3,
-                            episodes=copy_episodes(tokenizer, copy_steps * 24, seed=config.seed),
-                            responses_only=True, sequence_length=512,
-                            log_every=max(1, copy_steps // 10))
-    config.pretrain = copied
-    return warm_start.build_for_config(config, out_dir)
-
-
-def main(argv):
-  del argv
-  from absl import flags
-  f = flags.FLAGS
-  print(f"wrote {build_default_tools(f.out_dir, f.config, f.steps, f.copy_steps)}")
-
-
-if __name__ == "__main__":
-  from absl import app, flags
-  from rollx.models import DEFAULT_TOOLS_MODEL_DIR
-  flags.DEFINE_string("out_dir", DEFAULT_TOOLS_MODEL_DIR, "where to write the model")
-  flags.DEFINE_string("config", "configs/tool_arithmetic.py", "the tool config it is for")
-  flags.DEFINE_integer("steps", 200, "warm-start steps on the demonstrations")
-  flags.DEFINE_integer("copy_steps", 1600, "copy-pretraining steps before them")
-  app.run(main)

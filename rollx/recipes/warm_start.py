@@ -1,6 +1,12 @@
 """Warm start: pretraining on random-play transcripts; format, and nothing about the task.
 
-    python -m rollx.recipes.warm_start --model_dir=DIR [--steps=200]
+    python -m rollx.recipes.warm_start --config=configs/sokoban.py \
+        --config.warm_start_steps=200 --out=DIR [--config.KEY=VALUE ...]
+
+writes the config's warm start (`build`) to DIR, an HF model directory that
+`--config.pretrain=DIR --config.warm_start_steps=0` starts RL from, as big_vision takes
+`model_init`. A run with `warm_start_steps` > 0 builds it itself before its pipeline
+(`prepare`, in output_dir/warm_start), once: a later run of the same recipe reuses it.
 
 Real runs start RL from an instruct model that already answers in the requested
 format; a randomly initialised model never emits `<answer>Right</answer>` by chance,
@@ -24,28 +30,38 @@ action that depends on the board is ever seen: any task skill the model shows af
 RL was learned by RL.
 
 `WARM_START_ENVS` lists the envs and templates the shipped default model is warm
-started on (those of configs/frozenlake.py and configs/sokoban.py).
+started on (those of configs/frozenlake.py and configs/sokoban.py; rollx.recipes.make_default).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import os
+import shutil
+import time
 from typing import Callable, List, Optional, Sequence
 
 from absl import app, flags
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
 import envs
+from rollx import cli
 from rollx import config as rollx_config
-from rollx.models import hf, logprobs
+from rollx import models
+from rollx.models import hf, llm, logprobs
 from rollx.parallel import mesh as mesh_lib
+from rollx.recipes import tool_demos
 from rollx.rollout import prompts
 from rollx.rollout.agent_loops import make_agent_loop
+from rollx.rollout.env_worker import manager_kwargs
 from rollx.rollout.types import Ticket, Trajectory, collate
 from rollx.trainer import packing
+from rollx.trainer.step import Trainer
 
 SEQUENCE_LENGTH = 512
 # The FrozenLake observation of configs/frozenlake.py: the grid and the line naming the
@@ -182,8 +198,6 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
   (`num_episodes`, default steps x batch_size: one per row the steps read), or on
   `episodes` when given; the loss covers every token of a transcript, or the policy's
   tokens alone on the rows `responses_only` names (`loss_mask`)."""
-  from rollx.trainer.step import Trainer
-  from rollx import models
   loaded = models.load_model(model_dir)
   tokenizer = hf.load_tokenizer(model_dir)
   worker = rollx_config.default_config().actor_train
@@ -223,7 +237,6 @@ def warm_start(model_dir: str, steps: int = 100, batch_size: int = 16, learning_
 def train_entries(config) -> tuple:
   """`config`'s training envs as `random_valid_episodes` entries: (tag, env entry, the
   train env manager's step-wise cut, an equal share of the episodes)."""
-  from rollx.rollout.env_worker import manager_kwargs
   kwargs = manager_kwargs(config, "train_env_manager")
   cut = dict(step_wise=kwargs["step_wise"], history_length=kwargs["history_length"])
   tags = tuple(config.train_env_manager.tags)
@@ -231,29 +244,61 @@ def train_entries(config) -> tuple:
                for tag in tags)
 
 
-def for_config(config) -> str:
-  """The model directory a run with `warm_start_steps` > 0 starts from: a copy of
-  `pretrain` in output_dir/warm_start, trained on random-valid-action transcripts of the
-  train envs, cut into samples as the train env manager cuts them (an equal share of
-  episodes per tag); envs with tools (tool loop or agent program) get solved tool-use
-  demonstrations of the tool loop on other task families instead
-  (rollx.recipes.tool_demos). Built once: a resumed run finds it and
-  reuses it."""
-  import os
-  import shutil
-  from rollx import models
-  from rollx.rollout.env_worker import manager_kwargs
-  from rollx.recipes import tool_demos
-  target = os.path.join(config.output_dir, "warm_start")
-  if os.path.isfile(os.path.join(target, "config.json")):
-    return target
+RECORD = "rollx_warm_start.json"  # what a built start was built from, beside its weights
+
+
+def recipe(config) -> dict:
+  """Everything `build` reads from `config`: a start built from the same recipe is
+  reused, one built from another is rebuilt."""
+  kwargs = manager_kwargs(config, "train_env_manager")
+  return json.loads(json.dumps({"pretrain": os.path.abspath(models.resolve_model_dir(config.pretrain)),
+          "warm_start_steps": int(config.warm_start_steps),
+          "warm_start_responses_only": bool(config.warm_start_responses_only),
+          "seed": int(config.seed), "sequence_length": int(config.sequence_length),
+          "step_wise": bool(kwargs["step_wise"]),
+          "history_length": int(kwargs["history_length"]),
+          "envs": {tag: config.custom_envs[tag].to_dict()
+                   for tag in config.train_env_manager.tags}}))  # as read back
+
+
+def _recorded(model_dir: str):
+  try:
+    with open(os.path.join(model_dir, RECORD)) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def check_demo_families(config) -> None:
+  """RL on a tool env must be measured on task families the demonstrations do not use."""
   for tag in config.train_env_manager.tags:
     entry = config.custom_envs[tag]
     overlap = tool_demos.demo_families_overlap(entry.env_config.get("datasets", ()))
-    if entry.get("agent_loop") in ("tool", "program") and entry.get("tools") and overlap:
+    if entry.get("agent_loop") in rollx_config.TOOL_LOOPS and entry.get("tools") and overlap:
       raise ValueError(f"custom_envs.{tag}.env_config.datasets: {overlap} are the tool "
                        "demonstrations' families; RL must be measured on others")
-  tmp = f"{target}.tmp{os.getpid()}"
+
+
+def build(config, out_dir: str, record: bool = True) -> str:
+  """The warm start of `config` (`warm_start_steps` > 0) in `out_dir`: a copy of
+  `pretrain` trained on random-valid-action transcripts of the train envs, cut into
+  samples as the train env manager cuts them (an equal share of episodes per tag); envs
+  with tools (tool loop or agent program) get solved tool-use demonstrations of the tool
+  loop on other task families instead (rollx.recipes.tool_demos). With `record`, the
+  recipe (`recipe`) is written beside the weights and a directory already built from
+  the same recipe is reused as it is; without, `out_dir` is replaced (a model that
+  ships)."""
+  if not config.warm_start_steps:
+    raise ValueError("--config.warm_start_steps: must be > 0 for a warm start "
+                     "(e.g. --config.warm_start_steps=200)")
+  out_dir = os.path.abspath(out_dir)
+  wanted = recipe(config)
+  if record and _recorded(out_dir) == wanted:
+    return out_dir
+  if record and _recorded(out_dir) is None and os.path.isdir(out_dir) and os.listdir(out_dir):
+    raise ValueError(f"{out_dir} exists and is not a warm start: name a new directory")
+  check_demo_families(config)
+  tmp = f"{out_dir}.tmp{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
   shutil.copytree(models.resolve_model_dir(config.pretrain), tmp)
   kwargs = manager_kwargs(config, "train_env_manager")
@@ -267,12 +312,11 @@ def for_config(config) -> str:
                                          config.custom_envs[t].env_config.to_dict()).max_steps
                     for t in tags)
     rows = -(-rows // max(1, max_steps // 2))
-  # tool loops: solved demonstrations on other task families (rollx.recipes.tool_demos)
   tokenizer = hf.load_tokenizer(tmp)
   episodes = []
   for k, (tag, entry, manager_args, share) in enumerate(entries):
     n = max(1, round(rows * share))
-    if entry.get("agent_loop") in ("tool", "program") and entry.get("tools"):
+    if entry.get("agent_loop") in rollx_config.TOOL_LOOPS and entry.get("tools"):
       episodes += tool_demos.demonstration_episodes(tokenizer, entry, n, config.seed + k,
                                                     config.sequence_length)
       # as many copy samples beside them, opening as this loop's episodes do:
@@ -289,29 +333,58 @@ def for_config(config) -> str:
   warm_start(tmp, steps=config.warm_start_steps, seed=config.seed, entries=entries,
              sequence_length=config.sequence_length, episodes=episodes,
              log_every=max(1, config.warm_start_steps // 4), responses_only=answers_only)
-  os.replace(tmp, target)  # whole or absent: a run killed mid-way builds it again
-  return target
+  if record:
+    with open(os.path.join(tmp, RECORD), "w") as f:
+      json.dump(wanted, f, indent=1, sort_keys=True)
+  shutil.rmtree(out_dir, ignore_errors=True)  # another recipe's start, or the shipped one
+  os.replace(tmp, out_dir)  # whole or absent: a run killed mid-way builds it again
+  return out_dir
 
 
-def build_for_config(config, out_dir: str) -> str:
-  """`for_config`'s warm start of `config`, written to `out_dir` (a model that ships:
-  its configs then start from it with `warm_start_steps=0`)."""
-  import os
-  import shutil
-  import tempfile
-  with tempfile.TemporaryDirectory() as tmp:
-    config.output_dir = tmp
-    built = for_config(config)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    shutil.copytree(built, out_dir)
-  return os.path.abspath(out_dir)
+def build_and_say(config, out_dir: str) -> str:
+  """`build`, then one line: built (steps, seconds) or reused."""
+  reused = _recorded(os.path.abspath(out_dir)) == recipe(config)
+  start = time.perf_counter()
+  out_dir = build(config, out_dir)
+  print(f"warm start: {'reused' if reused else 'built'} {out_dir}"
+        + ("" if reused else f" ({config.warm_start_steps} steps, "
+                              f"{time.perf_counter() - start:.0f} s)"), flush=True)
+  return out_dir
+
+
+def run_dir(config) -> str:
+  """Where a run with `warm_start_steps` > 0 keeps its start: output_dir/warm_start."""
+  return os.path.join(config.output_dir, "warm_start")
+
+
+def prepare(config, build_missing: bool = True) -> None:
+  """Points `pretrain` at the run's warm start when `warm_start_steps` > 0: the one place
+  rollx.train (before it builds the pipeline), rollx.play and rollx.eval resolve it.
+  rollx.train builds it when missing or built from another recipe (`build_missing`);
+  play and eval use a built one and otherwise the config's `pretrain`. In a multi-host
+  run process 0 builds it while the others wait, then every host loads it (output_dir
+  must be on storage every host sees, as checkpoints are)."""
+  if not config.warm_start_steps:
+    return
+  target = run_dir(config)
+  if not build_missing:
+    if _recorded(target) == recipe(config):
+      config.pretrain = target
+    return
+  if jax.process_index() == 0:
+    build_and_say(config, target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("rollx warm start built")
+    if _recorded(target) != recipe(config):
+      raise ValueError(f"output_dir: process 0 built the warm start in {target}, which this "
+                       f"host (process {jax.process_index()}) does not see; put output_dir "
+                       "on storage every host shares")
+  config.pretrain = target
 
 
 def format_rate(model_dir: str, entries=WARM_START_ENVS, num_prompts: int = 32,
                 seed: int = 1) -> float:
   """Share of sampled (temperature 1) first answers that parse as a valid action."""
-  from rollx import models
-  from rollx.models import llm
   loaded = models.load_model(model_dir)
   tokenizer = hf.load_tokenizer(model_dir)
   rng = jax.random.PRNGKey(seed)
@@ -332,16 +405,20 @@ def format_rate(model_dir: str, entries=WARM_START_ENVS, num_prompts: int = 32,
 
 
 def main(argv):
-  del argv
-  FLAGS = flags.FLAGS
-  warm_start(FLAGS.model_dir, steps=FLAGS.steps, seed=FLAGS.seed)
-  print(f"format rate: {format_rate(FLAGS.model_dir):.3f}")
+  if len(argv) > 1:
+    cli.fail(f"unexpected arguments {argv[1:]}")
+  config = cli.load_config()
+  try:
+    out = build_and_say(config, FLAGS.out)
+  except ValueError as e:
+    cli.fail(str(e))
+  print(f"start RL from it: --config.pretrain={out} --config.warm_start_steps=0")
 
 
 if __name__ == "__main__":
   # flags only when run as a script: importing this module must not claim flag names
-  flags.DEFINE_string("model_dir", None, "HF model directory to warm start in place.")
-  flags.DEFINE_integer("steps", 100, "optimizer steps")
-  flags.DEFINE_integer("seed", 0, "data and optimizer seed")
-  flags.mark_flag_as_required("model_dir")
-  app.run(main)
+  FLAGS = flags.FLAGS
+  flags.DEFINE_string("out", None, "the model directory to write (an HF directory that "
+                      "--config.pretrain takes)")
+  flags.mark_flag_as_required("out")
+  app.run(main, flags_parser=cli.parse_flags)

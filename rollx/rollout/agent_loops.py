@@ -246,7 +246,7 @@ class ProgramAgentLoop(EnvManager):
     return await self.endpoint.start()
 
   async def run_episode(self, ticket: Ticket) -> Trajectory:
-    from rollx.serving.openai_endpoint import EpisodeSettings
+    from rollx.serving.openai_chat import EpisodeSettings
     endpoint = await self._endpoint()
     env = self.env
     obs, _ = env.reset(seed=ticket.seed)

@@ -35,7 +35,11 @@ import logging
 import math
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
 
+import ml_collections
+
 import envs
+from rollx import config as config_lib
+from rollx.config_check import Checker, did_you_mean, is_int
 from rollx.rollout import prompts
 from rollx.rollout.types import Sample, Ticket, Trajectory, oldest_response_version
 
@@ -239,3 +243,87 @@ class EnvManager:
     return Sample(prompt + response_ids, [0] * len(prompt) + [1] * len(response_ids),
                   [-1] * len(prompt) + [gen.policy_version] * len(response_ids), float(reward),
                   step_index=turn - 1, anchor=prompts.observation_hash(seen))
+
+
+# -- config checks (called by rollx.checks) -------------------------------------------
+
+
+def check_env_managers(c: Checker, cfg) -> None:
+  """train_env_manager / val_env_manager: sizes, tags and their partition, sample kind,
+  symmetric views; and the batch sizes that must hold whole groups."""
+  for name in config_lib.ENV_MANAGERS:
+    m = cfg[name]
+    if not isinstance(m, (ml_collections.ConfigDict, dict)):
+      continue
+    for key in ("max_env_num_per_worker", "num_env_groups", "group_size"):
+      if is_int(m[key]):
+        c.rule(m[key] >= 1, f"{name}.{key}", f"must be >= 1, got {m[key]}")
+    for key in ("history_length", "group_size_redundancy"):
+      if is_int(m[key]):
+        c.rule(m[key] >= 0, f"{name}.{key}", f"must be >= 0, got {m[key]}")
+    c.choice(m, "env_manager_type", f"{name}.env_manager_type", config_lib.ENV_MANAGER_TYPES)
+    _check_symmetric_views(c, cfg, name)
+    if isinstance(m.group_filter_ratio, float):
+      c.rule(0 < m.group_filter_ratio <= 1, f"{name}.group_filter_ratio",
+             f"must be in (0, 1], got {m.group_filter_ratio}")
+    tags = m.tags
+    if not isinstance(tags, tuple):
+      continue
+    c.rule(len(tags) > 0, f"{name}.tags", "must name at least one custom_envs entry")
+    for tag in tags:
+      if tag not in cfg.custom_envs:
+        c.error(f"{name}.tags", f"tag {tag!r} has no custom_envs entry"
+                f"{did_you_mean(str(tag), cfg.custom_envs.keys())}; "
+                f"custom_envs has: {', '.join(cfg.custom_envs.keys()) or 'nothing'}")
+      elif (cfg.custom_envs[tag].get("agent_loop") in config_lib.TOOL_LOOPS
+            and m.env_manager_type != "trajectory"):
+        c.error(f"{name}.env_manager_type", f"tag {tag!r} runs agent_loop "
+                f"{cfg.custom_envs[tag].get('agent_loop')!r}, whose episodes are "
+                "conversations: needs 'trajectory'")
+    part = m.num_groups_partition
+    if part is not None and is_int(m.num_env_groups):
+      if len(part) != len(tags):
+        c.error(f"{name}.num_groups_partition",
+                f"has {len(part)} entries but tags has {len(tags)}")
+      elif not all(is_int(p) and p >= 0 for p in part):
+        c.error(f"{name}.num_groups_partition", f"must be ints >= 0, got {part}")
+      elif sum(part) != m.num_env_groups:
+        c.error(f"{name}.num_groups_partition",
+                f"sums to {sum(part)}, but num_env_groups is {m.num_env_groups}")
+    elif is_int(m.num_env_groups) and tags:
+      c.rule(m.num_env_groups >= len(tags), f"{name}.num_env_groups",
+             f"{m.num_env_groups} groups cannot cover {len(tags)} tags")
+  gs = cfg.train_env_manager.group_size
+  if is_int(gs) and is_int(cfg.rollout_batch_size) and gs >= 1:
+    c.rule(cfg.rollout_batch_size % gs == 0, "rollout_batch_size",
+           f"{cfg.rollout_batch_size} is not a multiple of train_env_manager.group_size={gs}"
+           " (batches hold whole groups)")
+  c.rule(cfg.val_env_manager.group_size == 1 or not is_int(cfg.val_env_manager.group_size),
+         "val_env_manager.group_size", "validation runs one env per group (group_size 1)")
+
+
+def _check_symmetric_views(c: Checker, cfg, name: str) -> None:
+  m, key = cfg[name], f"{name}.symmetric_views"
+  views = m.get("symmetric_views", ())
+  if not views:
+    return
+  if not isinstance(views, (tuple, list)) or not all(isinstance(v, str) for v in views):
+    c.error(key, f"must be a tuple of board symmetry names, got {views!r}")
+    return
+  c.rule(name == "train_env_manager", key, "views are training samples; validation "
+         "plays the policy's own episodes only")
+  c.rule(m.env_manager_type == "step", key,
+         f"needs step-wise samples ({name}.env_manager_type='step'), got "
+         f"{m.env_manager_type!r}")
+  for view in views:
+    if view not in envs.symmetry.TRANSFORMS:
+      c.error(key, f"unknown board symmetry {view!r}"
+              f"{did_you_mean(view, envs.symmetry.TRANSFORMS)}; known: "
+              f"{', '.join(envs.symmetry.TRANSFORMS)}")
+  for tag in m.tags if isinstance(m.tags, tuple) else ():
+    env_type = cfg.custom_envs[tag].get("env_type") if tag in cfg.custom_envs else None
+    if env_type in envs.registered_env_types():
+      missing = [v for v in views if v in envs.symmetry.TRANSFORMS
+                 and v not in envs.env_class(env_type).SYMMETRIES]
+      c.rule(not missing, key, f"env {tag!r} ({env_type}) has no board symmetry "
+             f"{missing}; it has {list(envs.env_class(env_type).SYMMETRIES) or 'none'}")

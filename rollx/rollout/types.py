@@ -29,7 +29,7 @@ class Sample:
   reward: float  # trajectory: episode score; step-wise: this step's env reward
   step_index: int = 0  # step-wise: index of the env step in its episode
   anchor: str = ""  # step-wise: hash of the observation acted on (GiGPO anchor state)
-  # per input id: the log-prob the server sampled it with (rollx.serving.engine.sample_tokens);
+  # per input id: the log-prob the server sampled it with (rollx.serving.slot_ops.sample_tokens);
   # NaN on prompt/template ids and where unknown (None: unknown everywhere)
   behaviour_logp: Optional[List[float]] = None
 

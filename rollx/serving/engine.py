@@ -1,64 +1,15 @@
-"""A google-jetstream `Engine` for rollx models: prefill, insert, generate.
-
-The decode state holds `max_concurrent_decodes` slots: a KV cache
-`[L, slots, K, max_cache_length, hd]` (slot row s, position p at index p), the
-next-token logits of every slot, its write position, and its sampling settings.
-
-- `prefill` takes one prompt (padded to a power-of-two bucket) and stages it: no
-  model call yet (as in JetStream 0.2.2's API, prefill emits no token: the first
-  token comes from the next `generate`).
-- `insert` assigns a staged prompt to a slot with its sampling settings (train or
-  validation: requests of both kinds share the batch) and its sampling key (from the
-  request's id: token i is drawn with fold_in(key, i), so a request's tokens do not
-  depend on the batch it shares or on when it arrived); host-side bookkeeping only.
-- `generate` first prefills every prompt inserted since the last step, in batches
-  of `prefill_batch` rows (their KV caches written into their slots, their last
-  logits stored), then samples one token for every slot from its stored logits and
-  runs one decode step with it (next logits, cache write). A sampled stop
-  id is returned as a normal token (trajectories must contain exactly what the
-  model produced, EOS included); the slot reports `valid = 0` from the next step
-  on (rollx.serving.batching ends the request at the stop id itself).
-
-KV reuse across turns (`reuse_kv`): an agent's every turn sends the whole
-conversation so far. When a request names its trajectory (`trajectory_id`) and its
-ids start with the previous turn's prompt and response, whose keys/values that turn's
-slot still holds, only the new ids are prefilled (`llm.extend`), onto those keys/values
-(moved into the request's slot at insert). Checked id by id; exact: the cached keys/values must
-come from the weights that will sample (a weight update since they were computed, or
-the slot given to another request, means a full prefill). With
-`keep_prefix_across_updates` a weight update keeps them: each cached id is tagged with the
-weights version that computed its keys/values, the request's prefill version is the
-oldest of them (so the response's policy version, and the trainer's off-policy
-correction, see the staleness), and the engine counts the stale ids it reused
-(`stale_reused_tokens`, `max_prefix_staleness`). Entries live in the slots
-themselves: the generate loop gives a request its conversation's slot when that is
-free, and otherwise the slot freed longest ago. When a slot holding a finished
-conversation is given to another request, the conversation moves to the prefix store
-(`prefix_cache_tokens`: a pool of fixed-size blocks beside the slots, least recently used
-conversation evicted first; 0 = none), from where its next turn is copied back into a
-slot. So a server keeps more conversations than it has slots, and the slots (whose count
-sets the cost of every decode step) can be sized for the requests in flight alone. A
-trajectory that ended (`end_trajectory`: the env manager says so) is dropped from both.
-
-Why prefill is deferred into `generate`: the newcomers of a step are prefilled
-together, in as few calls as their buckets allow, instead of one call per request
-(JetStream 0.2.2's orchestrator prefills one request per call on its own thread; with
-short multi-turn prompts that chain, not the model, set the rate).
-
-Weights: the engine serves a `VersionedParams` container; `update_params` swaps its
-contents under a lock and every generate call reads the current (version, params) pair
-once. A swap therefore lands between two generate steps, never inside one. The engine
-records the version used by each generate step, so a response can report the version of
-every token it contains; each step's output also carries the behaviour log-prob of every
-sampled token (under the distribution it was drawn from), which the learner's rollout
-correction compares with its own.
+"""A google-jetstream `Engine` for rollx models: JetStream's Engine API (prefill, insert,
+generate) over the slot operations of `rollx.serving.slot_ops`, with the host-side
+bookkeeping around them: prompts staged for the next generate step, conversations whose
+keys/values a later turn reuses (in the slots and in `rollx.serving.prefix_store`), and
+the weights version of every step (`rollx.serving.versions`).
 """
 
 from __future__ import annotations
 
 import bisect
-import collections
 import dataclasses
+import functools
 import threading
 import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -70,22 +21,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rollx.models import llm
 from rollx.parallel import partition
+from rollx.parallel.mesh import MESH_AXES
 from rollx.serving import compat
 
 compat.apply()
 from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2  # noqa: E402
 
-from rollx.serving import PREFILL_BUCKETS  # noqa: E402
-
-# Attention keys per prefill call at most (rows x keys per row; `RollxEngine._rows`): 8
-# rows of up to 1024 tokens, fewer for longer buckets and for continuations (whose
-# queries also attend to the slot's cache). Measured on configs/sokoban.py:multiturn
-# (4096-token buckets, the default model): prefills of 2 rows instead of 8 took the
-# server's peak RSS from 4.5 to 3.3 GB, continuations of 1 row instead of 2 from 2.7 to
-# 1.8 GB (with rollx.serving.compat keeping TensorFlow out).
-PREFILL_TOKENS = 8192
-# Tokens per block of the prefix store: a conversation takes ceil(ids / block) blocks.
-PREFIX_BLOCK = 64
+from rollx.serving import PREFILL_BUCKETS, slot_ops  # noqa: E402
+from rollx.serving.prefill_rows import PrefillRows  # noqa: E402
+from rollx.serving.prefix_store import PREFIX_BLOCK, PrefixStore  # noqa: E402
+from rollx.serving.slot_ops import SlotState  # noqa: E402
+from rollx.serving.versions import StepVersions, VersionedParams  # noqa: E402
 
 
 def prefill_bucket(n: int) -> int:
@@ -102,26 +48,6 @@ class Sampling:
   @classmethod
   def from_generating_args(cls, g) -> "Sampling":
     return cls(float(g.temperature), float(g.top_p), int(g.top_k))
-
-
-class VersionedParams:
-  """The weights an engine serves: (version, params), swapped atomically."""
-
-  def __init__(self, params, version: int = 0):
-    self._lock = threading.Lock()
-    self._current = (int(version), params)
-
-  def get(self) -> Tuple[int, Any]:
-    with self._lock:
-      return self._current
-
-  def set(self, params, version: int) -> None:
-    with self._lock:
-      self._current = (int(version), params)
-
-  @property
-  def version(self) -> int:
-    return self.get()[0]
 
 
 @dataclasses.dataclass
@@ -159,33 +85,10 @@ class _Staged:
   from_store: bool = False  # the reused keys/values were copied back from the prefix store
 
 
-@dataclasses.dataclass
-class _Stored:
-  """A finished conversation moved out of its slot into the prefix store's blocks."""
-  conversation: _Conversation
-  blocks: List[int]
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class SlotState:
-  cache: llm.KVCache
-  logits: jax.Array  # [S, V] f32
-  pos: jax.Array  # [S] next cache index to write (= tokens in the cache)
-  lengths: jax.Array  # [S] tokens generated for the slot's request
-  done: jax.Array  # [S] a stop id was emitted
-  temperature: jax.Array  # [S]
-  top_p: jax.Array  # [S]
-  top_k: jax.Array  # [S]
-  # [S, 2] uint32: the slot's request's sampling key; token i is drawn with
-  # fold_in(key, i), so a request's samples do not depend on what else is in the batch
-  keys: jax.Array
-
-
 class TokenIdsTokenizer(tokenizer_api.Tokenizer):
   """What JetStream's Engine API asks of a tokenizer, for token-id requests.
 
-  Stops are the engine's job (see module doc), so `stop_tokens` is empty.
+  Stops are the engine's job (see `RollxEngine`), so `stop_tokens` is empty.
   `encode`/`decode` go through the HF tokenizer for text requests and logging.
   """
 
@@ -220,43 +123,46 @@ class TokenIdsTokenizer(tokenizer_api.Tokenizer):
     return set()
 
 
-def sample_tokens(logits_sv, temperature_s, top_p_s, top_k_s, keys_s):
-  """Per-slot temperature / top-k / top-p sampling, row s with key keys_s[s];
-  temperature 0 = argmax.
-
-  Returns (tokens, behaviour log-probs): the log-prob of each token under the
-  distribution it was drawn from, i.e. softmax(logits / T) truncated to the top-k / top-p
-  set and renormalised (0 under greedy decoding, a point mass). The trainer's log-prob
-  pass computes log softmax(logits / T) over the whole vocabulary: the two agree exactly
-  when top-k / top-p are off, and the difference under truncation is the behaviour
-  side's business (rollout correction reweights by it).
-  """
-  v = logits_sv.shape[-1]
-  greedy = temperature_s <= 0
-  scaled = logits_sv / jnp.where(greedy, 1.0, temperature_s)[:, None]
-
-  def filtered():
-    sorted_desc = -jnp.sort(-scaled, axis=-1)
-    k = jnp.where(top_k_s > 0, jnp.minimum(top_k_s, v), v)
-    kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)
-    probs = jax.nn.softmax(sorted_desc, axis=-1)
-    # keep the smallest prefix of the sorted tokens whose mass reaches top_p
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep_sorted = (mass_before < top_p_s[:, None]) | (top_p_s[:, None] >= 1.0)
-    pth = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where((scaled >= kth) & (scaled >= pth), scaled, -jnp.inf)
-
-  # The vocabulary sort is the costliest part of a decode step on small models:
-  # only pay for it when some slot asks for top-k / top-p.
-  needs_filter = jnp.any((top_k_s > 0) | (top_p_s < 1.0))
-  masked = jax.lax.cond(needs_filter, filtered, lambda: scaled)
-  sampled = jax.vmap(jax.random.categorical)(keys_s, masked)
-  tokens = jnp.where(greedy, jnp.argmax(logits_sv, axis=-1), sampled).astype(jnp.int32)
-  logp = jnp.take_along_axis(jax.nn.log_softmax(masked, axis=-1), tokens[:, None], axis=-1)[:, 0]
-  return tokens, jnp.where(greedy, 0.0, logp)
-
-
 class RollxEngine(engine_api.Engine):
+  """JetStream's Engine API over `max_concurrent_decodes` slots (`slot_ops.SlotState`).
+
+  - `prefill` stages one prompt (padded to a power-of-two bucket) without a model call: as
+    in JetStream 0.2.2's API, prefill emits no token; the first comes from the next
+    `generate`.
+  - `insert` gives a staged prompt a slot, its sampling settings (train and validation
+    requests share the batch) and its sampling key (from the request's id: token i is drawn
+    with fold_in(key, i), so a request's tokens do not depend on the batch it shares or on
+    when it arrived); host-side bookkeeping only.
+  - `generate` prefills every prompt inserted since the last step, in calls of at most
+    `prefill_batch` rows, then samples one token for every slot and runs one decode step. A
+    sampled stop id is returned as a normal token (trajectories contain exactly what the
+    model produced, EOS included); the slot reports `valid = 0` from the next step on
+    (rollx.serving.batching ends the request at the stop id itself).
+
+  Prefill is deferred into `generate` so that a step's newcomers share as few calls as their
+  buckets allow (JetStream 0.2.2's orchestrator prefills one request per call on its own
+  thread; with short multi-turn prompts that chain, not the model, set the rate).
+
+  KV reuse across turns (`reuse_kv`): an agent's every turn sends the whole conversation so
+  far. When a request names its trajectory (`trajectory_id`) and its ids start with the
+  previous turn's prompt and response (checked id by id), only the new ids are prefilled
+  (`llm.extend`) onto the keys/values that turn left. Exact: they must come from the
+  weights that will sample, so a weight update since, or the slot given to another
+  request, means a full prefill. With `keep_prefix_across_updates` a weight update keeps
+  them: each cached id is tagged with the version that computed it, the request's prefill
+  version is the oldest of them (so the trainer's off-policy correction sees the
+  staleness), counted in `stale_reused_tokens` and `max_prefix_staleness`. A finished
+  conversation stays in its slot (the generate loop gives its next turn that slot when free,
+  else the slot freed longest ago) until the slot goes to another request, then moves to
+  the prefix store (`prefix_cache_tokens`; 0 = none): a server keeps more conversations than
+  it has slots, and the slots (whose count sets the cost of every decode step) can be sized
+  for the requests in flight alone. A trajectory that ended (`end_trajectory`) is dropped
+  from both.
+
+  Weights: `update_params` swaps the `VersionedParams` contents and every generate step
+  reads (version, params) once, so a swap lands between two steps, never inside one. Each
+  step's output also carries every sampled token's behaviour log-prob (`slot_ops.sample_tokens`).
+  """
 
   def __init__(self, model: llm.Transformer, params, *, version: int = 0,
                max_concurrent_decodes: int = 32, max_prefill_length: int = 512,
@@ -272,8 +178,7 @@ class RollxEngine(engine_api.Engine):
       raise ValueError(f"max_cache_length={max_cache_length} < max_prefill_length="
                        f"{max_prefill_length}")
     self.model, self.config = model, model.config
-    self._mesh = mesh or Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1, 1),
-                              ("pipeline", "data", "fsdp", "tensor"))
+    self._mesh = mesh or Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1, 1), MESH_AXES)
     self.params_holder = VersionedParams(self._place(params), version)
     self._slots = int(max_concurrent_decodes)
     self._prefill_batch = max(1, min(int(prefill_batch), self._slots))
@@ -282,13 +187,11 @@ class RollxEngine(engine_api.Engine):
     self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
     self.sampling = dict(sampling or {"train": Sampling(), "val": Sampling(temperature=0.0)})
     self._hf_tokenizer, self._pad_id = hf_tokenizer, int(pad_id)
+    self._rows = PrefillRows(self._slots, self._prefill_batch, self.max_cache_length,
+                             self._pad_id)
     self._base_key = jax.random.PRNGKey(seed)
     self._anonymous_requests = 0
-    # Version of every generate step, stored as change points (first step, version):
-    # versions change once per weight sync, steps run forever.
-    self.num_steps = 0
-    self._version_starts: List[int] = []
-    self._versions: List[int] = []
+    self._steps = StepVersions()
     # KV reuse across turns: slot -> the conversation whose keys/values it holds, and
     # trajectory -> its slot
     self.reuse_kv = bool(reuse_kv)
@@ -298,106 +201,12 @@ class RollxEngine(engine_api.Engine):
     self._conversations: Dict[int, _Conversation] = {}
     self._slot_of: Dict[str, int] = {}
     self._conversation_lock = threading.Lock()
-    # The prefix store: trajectory -> its blocks, least recently used first
-    self._blocks_per_slot = -(-self.max_cache_length // PREFIX_BLOCK)
-    self._num_blocks = int(prefix_cache_tokens) // PREFIX_BLOCK if self.reuse_kv else 0
-    self._store: "collections.OrderedDict[str, _Stored]" = collections.OrderedDict()
-    self._free_blocks: List[int] = list(range(self._num_blocks))
-    self.store_evictions = 0  # conversations evicted from the store for room
+    self._store = PrefixStore(int(prefix_cache_tokens) if self.reuse_kv else 0,
+                              self.max_cache_length)
     self.store_reused_tokens = 0  # reused ids copied back from the store
     self.prefilled_tokens = 0  # prompt tokens run through the model
     self.reused_tokens = 0  # prompt tokens whose keys/values were reused instead
     stop = jnp.asarray(self.stop_token_ids or (-1,), jnp.int32)
-
-    def request_keys(seed_n):
-      return jax.vmap(jax.random.fold_in, (None, 0))(self._base_key, seed_n)
-
-    def prefill_into_slots(params, state: SlotState, tokens_nt, true_length_n, slot_n, temp_n,
-                           top_p_n, top_k_n, seed_n):
-      """Prefills n prompts at once into their slots; rows with slot >= slots are padding
-      (dropped by the scatters)."""
-      logits, cache = llm.prefill(model, params, tokens_nt, true_length_n)  # cache [L,n,K,T,hd]
-      t = tokens_nt.shape[1]
-      at = lambda a, x: a.at[slot_n].set(jnp.asarray(x).astype(a.dtype), mode="drop")
-      rows = lambda full, part: full.at[:, slot_n, :, :t].set(part.astype(full.dtype), mode="drop")
-      return dataclasses.replace(
-          state, cache=llm.KVCache(rows(state.cache.k, cache.k), rows(state.cache.v, cache.v)),
-          logits=at(state.logits, logits), pos=at(state.pos, true_length_n),
-          lengths=at(state.lengths, 0), done=at(state.done, False),
-          temperature=at(state.temperature, temp_n), top_p=at(state.top_p, top_p_n),
-          top_k=at(state.top_k, top_k_n), keys=at(state.keys, request_keys(seed_n)))
-
-    def move_slot(state: SlotState, source, slot):
-      """A conversation's keys/values from slot `source` to `slot` (its next turn's)."""
-      move = lambda full: full.at[:, slot].set(full[:, source])
-      return dataclasses.replace(state, cache=llm.KVCache(move(state.cache.k),
-                                                          move(state.cache.v)))
-
-    def extend_into_slots(params, state: SlotState, tokens_nt, start_n, length_n, slot_n,
-                          temp_n, top_p_n, top_k_n, seed_n):
-      """Continues n conversations whose slots hold their first `start` ids' keys/values:
-      the new ids are prefilled onto them at positions start, start + 1, ...
-      (llm.extend). Rows with slot >= slots are padding."""
-      s = state.cache.k.shape[3]
-      k, v = state.cache.k, state.cache.v
-      rows = jnp.minimum(slot_n, self._slots - 1)
-      logits, new = llm.extend(model, params, tokens_nt, start_n, length_n,
-                               llm.KVCache(k[:, rows], v[:, rows]))
-      t = tokens_nt.shape[1]
-      pos_nt = jnp.minimum(start_n[:, None] + jnp.arange(t)[None, :], s)  # s: dropped
-      # [L, n, K, T, hd] -> [n, T, L, K, hd]: the advanced indices (slot, position) first
-      write = lambda full, part: full.at[:, slot_n[:, None], :, pos_nt].set(
-          part.transpose(1, 3, 0, 2, 4).astype(full.dtype), mode="drop")
-      at = lambda a, x: a.at[slot_n].set(jnp.asarray(x).astype(a.dtype), mode="drop")
-      return dataclasses.replace(
-          state, cache=llm.KVCache(write(k, new.k), write(v, new.v)),
-          logits=at(state.logits, logits), pos=at(state.pos, start_n + length_n),
-          lengths=at(state.lengths, 0), done=at(state.done, False),
-          temperature=at(state.temperature, temp_n), top_p=at(state.top_p, top_p_n),
-          top_k=at(state.top_k, top_k_n), keys=at(state.keys, request_keys(seed_n)))
-
-    bps, block, cache_len = self._blocks_per_slot, PREFIX_BLOCK, self.max_cache_length
-
-    def store_slot(cache: llm.KVCache, pool: llm.KVCache, slot, blocks):
-      """A slot's keys/values into the store's `blocks` ([blocks per slot]; out-of-range
-      entries are padding, dropped)."""
-      def one(full, part):
-        row = full[:, slot]  # [L, K, T, hd]
-        row = jnp.pad(row, ((0, 0), (0, 0), (0, bps * block - cache_len), (0, 0)))
-        l, k, _, hd = row.shape
-        row = row.reshape(l, k, bps, block, hd).transpose(0, 2, 1, 3, 4)  # [L, bps, K, B, hd]
-        return part.at[:, blocks].set(row.astype(part.dtype), mode="drop")
-      return llm.KVCache(one(cache.k, pool.k), one(cache.v, pool.v))
-
-    def load_slot(state: SlotState, pool: llm.KVCache, slot, blocks):
-      """The store's `blocks` into `slot` (positions past the conversation get whatever
-      the padding blocks hold: never attended, since a slot attends below its position)."""
-      def one(full, part):
-        rows = part[:, jnp.minimum(blocks, part.shape[1] - 1)]  # [L, bps, K, B, hd]
-        l, _, k, _, hd = rows.shape
-        row = rows.transpose(0, 2, 1, 3, 4).reshape(l, k, bps * block, hd)[:, :, :cache_len]
-        return full.at[:, slot].set(row.astype(full.dtype))
-      return dataclasses.replace(state, cache=llm.KVCache(one(state.cache.k, pool.k),
-                                                          one(state.cache.v, pool.v)))
-
-    def generate_fn(params, state: SlotState, logp_totals):
-      keys = jax.vmap(jax.random.fold_in)(state.keys, state.lengths)
-      tokens, logp = sample_tokens(state.logits, state.temperature, state.top_p, state.top_k, keys)
-      valid = ~state.done
-      lengths = state.lengths + 1
-      done = state.done | jnp.isin(tokens, stop)
-      logits, cache = llm.decode_step(model, params, tokens, state.pos, state.cache)
-      new = dataclasses.replace(
-          state, cache=cache, logits=logits.astype(jnp.float32),
-          pos=jnp.minimum(state.pos + 1, self.max_cache_length - 1), lengths=lengths,
-          done=done)
-      # column 3: the behaviour log-prob's float32 bits (ResultTokens names columns 0-2)
-      data = jnp.stack([tokens, valid.astype(jnp.int32), lengths,
-                        jax.lax.bitcast_convert_type(logp.astype(jnp.float32), jnp.int32)], axis=1)
-      # Emitted tokens' log-probs (slots without a live request included: the
-      # generate loop, not the engine, knows which slots are live).
-      stats = jnp.stack([jnp.sum(jnp.where(valid, logp, 0.0)), jnp.sum(valid).astype(jnp.float32)])
-      return new, data, logp_totals + stats
 
     # Every slot array is replicated over the server's mesh (the slots live with the
     # tensor-sharded weights), pinned on outputs too: a fresh state and a step's output
@@ -411,16 +220,18 @@ class RollxEngine(engine_api.Engine):
     # of compile each on a 2-core CPU, in every test that starts a server; a padded
     # row costs little next to the per-call overhead at these sizes. `warmup` compiles
     # ahead where a first-batch stall matters.
-    self._prefill = jax.jit(prefill_into_slots, donate_argnums=1, out_shardings=self._replicated)
-    self._extend = jax.jit(extend_into_slots, donate_argnums=1, out_shardings=self._replicated)
-    self._move = jax.jit(move_slot, donate_argnums=0, out_shardings=self._replicated)
-    self._generate = jax.jit(generate_fn, donate_argnums=1, out_shardings=self._replicated)
-    self._store_slot = jax.jit(store_slot, donate_argnums=1, out_shardings=self._replicated)
-    self._load_slot = jax.jit(load_slot, donate_argnums=0, out_shardings=self._replicated)
+    # (donate_argnums count the call's arguments, after those `partial` binds)
+    jit = lambda fn, donate: jax.jit(fn, donate_argnums=donate, out_shardings=self._replicated)
+    self._prefill = jit(functools.partial(slot_ops.prefill_into_slots, model, self._base_key), 1)
+    self._extend = jit(functools.partial(slot_ops.extend_into_slots, model, self._base_key), 1)
+    self._move = jit(slot_ops.move_slot, 0)
+    self._generate = jit(functools.partial(slot_ops.decode_slots, model, stop), 1)
+    self._store_slot = jit(slot_ops.store_slot, 1)
+    self._load_slot = jit(slot_ops.load_slot, 0)
     self._pool = None
-    if self._num_blocks:
-      shape = (self.config.num_layers, self._num_blocks, self.config.num_kv_heads, PREFIX_BLOCK,
-               self.config.head_dim)
+    if self._store.num_blocks:
+      shape = (self.config.num_layers, self._store.num_blocks, self.config.num_kv_heads,
+               PREFIX_BLOCK, self.config.head_dim)
       zeros = lambda: jnp.zeros(shape, self.model.dtype)
       self._pool = jax.device_put(llm.KVCache(zeros(), zeros()), self._replicated)
 
@@ -432,19 +243,17 @@ class RollxEngine(engine_api.Engine):
     """Swap in new weights; the next prefill / generate step uses them."""
     self.params_holder.set(self._place(params), version)
 
+  @property
+  def num_steps(self) -> int:
+    """Generate steps run so far."""
+    return self._steps.num_steps
+
   def version_at(self, step: int) -> int:
-    return self._versions[bisect.bisect_right(self._version_starts, step) - 1]
+    return self._steps.at(step)
 
   def versions_of(self, first_step: Optional[int], num_tokens: int) -> List[int]:
-    """Policy version of each of a request's tokens: the weights whose logits it was
-    sampled from. Step t samples token t - first_step from the logits of the step
-    before (its decode step), except the first token, sampled from its prefill at
-    `first_step`: after a weight swap at step t, token t still comes from the old
-    weights."""
-    if first_step is None or num_tokens == 0:
-      return []
-    return [self.version_at(first_step)] + [
-        self.version_at(t - 1) for t in range(first_step + 1, first_step + num_tokens)]
+    """Policy version of each of a request's tokens (`StepVersions.of_tokens`)."""
+    return self._steps.of_tokens(first_step, num_tokens)
 
   def sampled_logprob_stats(self) -> Tuple[float, int]:
     """(sum of emitted tokens' behaviour log-probs, their count) since the engine started; kept on
@@ -469,24 +278,19 @@ class RollxEngine(engine_api.Engine):
     staged, source, evicted, stored = self._continuation(int(slot), prefix, sampling)
     if evicted is not None:  # the slot's previous conversation into the store first
       self._pool = self._store_slot(decode_state.cache, self._pool, np.int32(slot),
-                                    self._block_array(evicted.blocks))
+                                    self._store.block_array(evicted.blocks))
     if stored is not None:  # this conversation back from the store
       decode_state = self._load_slot(decode_state, self._pool, np.int32(slot),
-                                     self._block_array(stored.blocks))
+                                     self._store.block_array(stored.blocks))
       staged.from_store = True
       with self._conversation_lock:  # (dispatched: a later store into them runs after)
-        self._free_blocks.extend(stored.blocks)
+        self._store.release(stored.blocks)
     elif staged.start and source != slot:
       # moved now, before anything is prefilled into `source` (the generate loop may
       # give it to another request of this very step)
       decode_state = self._move(decode_state, np.int32(source), np.int32(slot))
     self._staged.append(staged)
     return decode_state
-
-  def _block_array(self, blocks: Sequence[int]) -> np.ndarray:
-    out = np.full((self._blocks_per_slot,), self._num_blocks, np.int32)  # padding: dropped
-    out[:len(blocks)] = blocks
-    return out
 
   # -- KV reuse across turns -------------------------------------------------------------
   def _continuation(self, slot: int, prefix: Prefix, sampling: Sampling):
@@ -502,7 +306,7 @@ class RollxEngine(engine_api.Engine):
     stored = evicted = None
     with self._conversation_lock:
       previous = self._conversations.get(self._slot_of.get(trajectory, -1)) if trajectory else None
-      entry = self._store.pop(trajectory, None) if trajectory and previous is None else None
+      entry = self._store.pop(trajectory) if trajectory and previous is None else None
       candidate = previous if entry is None else entry.conversation
       if (self.reuse_kv and candidate is not None and candidate.finished
           and len(candidate.ids) < len(ids) and np.array_equal(ids[:len(candidate.ids)], candidate.ids)):
@@ -514,12 +318,12 @@ class RollxEngine(engine_api.Engine):
         else:
           stored = entry
       elif entry is not None:  # a store entry this turn does not continue: useless now
-        self._free_blocks.extend(entry.blocks)
+        self._store.release(entry.blocks)
       dropped = self._conversations.pop(slot, None)
       if dropped is not None and self._slot_of.get(dropped.trajectory_id) == slot:
         del self._slot_of[dropped.trajectory_id]
         if dropped.finished and dropped.trajectory_id != trajectory:
-          evicted = self._keep_in_store(dropped)
+          evicted = self._store.keep(dropped)
       if trajectory:
         since = candidate.since if staged.start else self.num_steps
         staged.conversation = self._conversations[slot] = _Conversation(
@@ -527,29 +331,13 @@ class RollxEngine(engine_api.Engine):
         self._slot_of[trajectory] = slot
     return staged, source, evicted, stored
 
-  def _keep_in_store(self, conversation: _Conversation) -> Optional[_Stored]:
-    """Blocks for `conversation` in the prefix store (evicting the least recently used
-    entries as needed), or None when the store is off or too small for it."""
-    need = -(-len(conversation.ids) // PREFIX_BLOCK)
-    if need > self._num_blocks:
-      return None
-    while len(self._free_blocks) < need:
-      if not self._store:  # (the blocks a turn is being copied back from are not free yet)
-        return None
-      _, old = self._store.popitem(last=False)
-      self._free_blocks.extend(old.blocks)
-      self.store_evictions += 1
-    blocks, self._free_blocks = self._free_blocks[:need], self._free_blocks[need:]
-    entry = self._store[conversation.trajectory_id] = _Stored(conversation, blocks)
-    return entry
-
   def end_trajectory(self, trajectory: str) -> Optional[int]:
     """`trajectory` ended: its keys/values are dropped from its slot or the store. Returns
     the slot that held them (now the best one to give away), or None."""
     with self._conversation_lock:
-      entry = self._store.pop(trajectory, None)
+      entry = self._store.pop(trajectory)
       if entry is not None:
-        self._free_blocks.extend(entry.blocks)
+        self._store.release(entry.blocks)
       slot = self._slot_of.get(trajectory)
       conversation = self._conversations.get(slot)
       if conversation is None or not conversation.finished:
@@ -561,7 +349,12 @@ class RollxEngine(engine_api.Engine):
   def stored_tokens(self) -> int:
     """Ids whose keys/values the prefix store holds."""
     with self._conversation_lock:
-      return sum(len(e.conversation.ids) for e in self._store.values())
+      return self._store.tokens
+
+  @property
+  def store_evictions(self) -> int:
+    """Conversations evicted from the prefix store for room."""
+    return self._store.evictions
 
   def _sampling_seed(self, request) -> int:
     """A request's sampling seed: from its id (and sampling mode) when it has one, so
@@ -593,23 +386,9 @@ class RollxEngine(engine_api.Engine):
           conversation.versions = np.concatenate([
               conversation.versions if conversation.versions is not None
               else np.full(len(conversation.ids) - len(response_ids), -1, np.int32),
-              self._kv_versions(getattr(request, "first_step", None), len(response_ids))])
+              self._steps.of_keys_values(getattr(request, "first_step", None),
+                                        len(response_ids))])
         conversation.finished = True
-
-  def _kv_versions(self, first_step: Optional[int], num_tokens: int) -> np.ndarray:
-    """The weights version that computed each response token's keys/values: token i is
-    fed through the model by the step after the one that sampled it (first_step + i + 1;
-    the current weights when that step has not run yet)."""
-    if first_step is None or not self._versions:
-      return np.full(num_tokens, -1, np.int32)
-    return np.array([self.version_at(t) if t < self.num_steps else self._versions[-1]
-                     for t in range(first_step + 1, first_step + num_tokens + 1)], np.int32)
-
-  def _unchanged_since(self, step: int, version: int) -> bool:
-    """Whether every generate step from `step` on, and the one about to run with
-    `version`, used the same weights (a reused key/value is exact only then)."""
-    return not self._versions or (self._versions[-1] == version
-                                  and self._version_starts[-1] <= step)
 
   def warmup(self, prompt_buckets: Sequence[int]) -> None:
     """Compiles the decode step and the prefill for these prompt buckets (prompts are
@@ -618,85 +397,23 @@ class RollxEngine(engine_api.Engine):
     state = self.init_decode_state()
     state, _, totals = self._generate(weights, state, self._logp_totals)
     for width in prompt_buckets:  # every row is padding (slot out of range): state unchanged
-      n = self._rows(width)
-      pad = np.full((n,), self._slots, np.int32)  # out-of-range slots: padding rows
-      sampling = (np.ones((n,), np.float32), np.ones((n,), np.float32), np.zeros((n,), np.int32),
-                  np.zeros((n,), np.uint32))
-      state = self._prefill(weights, state, np.zeros((n, width), np.int32),
-                            np.ones((n,), np.int32), pad, *sampling)
+      state = self._prefill(weights, state, *self._rows.prefill(width, ()))
       if self.reuse_kv:  # a continuation's new ids take the same buckets
-        n = self._rows(width, extend=True)
-        state = self._extend(weights, state, np.zeros((n, width), np.int32),
-                             np.zeros((n,), np.int32), np.ones((n,), np.int32),
-                             np.full((n,), self._slots, np.int32), np.ones((n,), np.float32),
-                             np.ones((n,), np.float32), np.zeros((n,), np.int32),
-                             np.zeros((n,), np.uint32))
+        state = self._extend(weights, state, *self._rows.extend(width, ()))
     if self.reuse_kv:
       state = self._move(state, np.int32(0), np.int32(0))
     if self._pool is not None:  # all-padding blocks: the store is unchanged
-      self._pool = self._store_slot(state.cache, self._pool, np.int32(0), self._block_array(()))
-      state = self._load_slot(state, self._pool, np.int32(0), self._block_array(()))
+      blocks = self._store.block_array(())
+      self._pool = self._store_slot(state.cache, self._pool, np.int32(0), blocks)
+      state = self._load_slot(state, self._pool, np.int32(0), blocks)
     jax.block_until_ready((state, totals))
-
-  def _rows(self, width: int, extend: bool = False) -> int:
-    """Rows per prefill call of this width: `prefill_batch`, fewer for long prompts
-    (at most PREFILL_TOKENS keys a call: a call's activations and attention scores, not
-    the weights, set a server's peak memory; a continuation's queries also attend to
-    its slot's whole cache)."""
-    keys = width + (self.max_cache_length if extend else 0)
-    return max(1, min(self._prefill_batch, PREFILL_TOKENS // keys))
-
-  def _chunks(self, staged: Sequence[_Staged], width_of, extend: bool = False):
-    """`staged` in calls of one width each, `_rows(width)` rows at most: (width, chunk)."""
-    by_width: Dict[int, List[_Staged]] = {}
-    for s in staged:
-      by_width.setdefault(width_of(s), []).append(s)
-    for width in sorted(by_width):
-      group, n = by_width[width], self._rows(width, extend)
-      for i in range(0, len(group), n):
-        yield width, group[i:i + n]
-
-  def _extend_arrays(self, width: int, chunk: Sequence[_Staged]):
-    """Continuations as `_rows(width, extend=True)` rows: their new ids (padded to
-    `width`), where they start, how many, their slot, sampling."""
-    n = self._rows(width, extend=True)
-    tokens = np.full((n, width), self._pad_id, np.int32)
-    start, length = np.zeros((n,), np.int32), np.ones((n,), np.int32)
-    slot = np.full((n,), self._slots, np.int32)
-    for i, s in enumerate(chunk):
-      new = s.prefix.tokens[s.start:s.prefix.true_length]
-      tokens[i, :len(new)] = new
-      start[i], length[i], slot[i] = s.start, len(new), s.slot
-    return (tokens, start, length, slot) + self._sampling_arrays(n, chunk)
-
-  @staticmethod
-  def _sampling_arrays(n: int, chunk: Sequence[_Staged]):
-    """Per row: temperature, top-p, top-k, the request's sampling seed (padding: off)."""
-    temp, top_p = np.ones((n,), np.float32), np.ones((n,), np.float32)
-    top_k, seed = np.zeros((n,), np.int32), np.zeros((n,), np.uint32)
-    for i, s in enumerate(chunk):
-      temp[i], top_p[i], top_k[i] = s.sampling.temperature, s.sampling.top_p, s.sampling.top_k
-      seed[i] = s.seed
-    return temp, top_p, top_k, seed
-
-  def _chunk_arrays(self, width: int, chunk: Sequence[_Staged]):
-    """Staged prompts as `_rows(width)` padded numpy rows (numpy, not jnp: an eager jnp
-    op is a dispatch of its own, queued behind the running step)."""
-    n = self._rows(width)
-    tokens = np.full((n, width), self._pad_id, np.int32)
-    true_length = np.ones((n,), np.int32)
-    slot = np.full((n,), self._slots, np.int32)  # out of range: padding rows are dropped
-    for i, s in enumerate(chunk):
-      tokens[i, :len(s.prefix.tokens)] = s.prefix.tokens
-      true_length[i], slot[i] = s.prefix.true_length, s.slot
-    return (tokens, true_length, slot) + self._sampling_arrays(n, chunk)
 
   def generate(self, params: VersionedParams, decode_state: SlotState):
     version, weights = params.get()
     staged, self._staged = self._staged, []
     stale_since: Dict[int, int] = {}  # staged index -> the oldest version it reuses
     for i, s in enumerate(staged):
-      if s.start and not self._unchanged_since(s.conversation.since, version):
+      if s.start and not self._steps.unchanged_since(s.conversation.since, version):
         cached = s.cached_versions
         if self.keep_prefix_across_updates and cached is not None and len(cached) >= s.start:
           oldest = int(cached[:s.start].min())
@@ -706,12 +423,12 @@ class RollxEngine(engine_api.Engine):
         else:  # the weights changed since the prefix was computed: prefill it all again
           s.start, s.conversation.since = 0, self.num_steps
     # Same-bucket prompts share a call (each is padded to its bucket).
-    for width, chunk in self._chunks([s for s in staged if not s.start],
-                                     lambda s: len(s.prefix.tokens)):
-      decode_state = self._prefill(weights, decode_state, *self._chunk_arrays(width, chunk))
-    for width, chunk in self._chunks([s for s in staged if s.start],
-                                     lambda s: prefill_bucket(s.prefix.true_length - s.start), True):
-      decode_state = self._extend(weights, decode_state, *self._extend_arrays(width, chunk))
+    for width, chunk in self._rows.chunks([s for s in staged if not s.start],
+                                          lambda s: len(s.prefix.tokens)):
+      decode_state = self._prefill(weights, decode_state, *self._rows.prefill(width, chunk))
+    new_ids = lambda s: prefill_bucket(s.prefix.true_length - s.start)
+    for width, chunk in self._rows.chunks([s for s in staged if s.start], new_ids, True):
+      decode_state = self._extend(weights, decode_state, *self._rows.extend(width, chunk))
     self.prefilled_tokens += sum(s.prefix.true_length - s.start for s in staged)
     self.reused_tokens += sum(s.start for s in staged)
     self.store_reused_tokens += sum(s.start for s in staged if s.from_store)
@@ -727,10 +444,7 @@ class RollxEngine(engine_api.Engine):
         s.conversation.versions = np.concatenate([
             reused.astype(np.int32), np.full(len(s.conversation.ids) - len(reused), version,
                                              np.int32)])
-    if not self._versions or self._versions[-1] != version:
-      self._version_starts.append(self.num_steps)
-      self._versions.append(version)
-    self.num_steps += 1
+    self._steps.record(version)
     return decode_state, engine_api.ResultTokens(
         data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3), samples_per_slot=1)
 
@@ -753,7 +467,6 @@ class RollxEngine(engine_api.Engine):
       self._conversations.clear()
       self._slot_of.clear()
       self._store.clear()
-      self._free_blocks = list(range(self._num_blocks))
     cfg, s = self.config, self._slots
     f32 = lambda *shape: jnp.zeros(shape, jnp.float32)
     state = SlotState(

@@ -11,7 +11,9 @@ renders its messages with the tokenizer's chat template, or extends the episode'
 recorded ids (rollx/rollout/recording.py: generated ids verbatim, template ids between),
 generates through the rollout client (balancing, sticky sessions, failover, KV reuse)
 and returns OpenAI's `chat.completion`: the text, `tool_calls` parsed from Hermes
-`<tool_call>` blocks (rollx.tools), `finish_reason` and `usage`.
+`<tool_call>` blocks (rollx.tools), `finish_reason` and `usage`. The request fields,
+its prompt ids and the reply's reading are rollx/serving/openai_chat.py; this module
+is the routes.
 
 Which episode a call belongs to: the path (`/episodes/<id>/v1/...`, what agent programs
 get as their base URL) or the `X-Episode-Id` header; calls naming neither are served and
@@ -47,129 +49,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import hmac
 import json
 import re
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Literal, Optional, Union
+from typing import Any, Callable, Dict, Optional
 
 import fastapi
-import pydantic
 import starlette.exceptions
 import uvicorn
 from fastapi import responses
 
 from rollx.rollout import recording
-from rollx.tools import base as tools_base
+from rollx.serving import openai_chat
+from rollx.serving.openai_chat import APIError, ChatRequest, EpisodeSettings
 
-TOOL_CALL_OPEN = "<tool_call>\n"  # Hermes / Qwen2.5: what a forced tool call starts with
 MAX_EPISODES = 4096  # recordings kept for episodes nobody closes (rollx.serve), LRU
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-
-# -- the request, as OpenAI documents it ------------------------------------------------
-class _Model(pydantic.BaseModel):
-  # a message echoed back from a response may carry fields of no meaning here
-  # (`refusal`, `annotations`): ignored. The request itself forbids unknown fields.
-  model_config = pydantic.ConfigDict(extra="allow")
-
-
-class _Function(_Model):
-  name: str
-  arguments: Union[str, Dict[str, Any]] = "{}"
-
-
-class _ToolCall(_Model):
-  id: Optional[str] = None
-  type: Literal["function"] = "function"
-  function: _Function
-
-
-class Message(_Model):
-  role: Literal["system", "developer", "user", "assistant", "tool"]
-  content: Union[str, List[Dict[str, Any]], None] = None
-  name: Optional[str] = None
-  tool_calls: Optional[List[_ToolCall]] = None
-  tool_call_id: Optional[str] = None
-
-
-class _FunctionDecl(_Model):
-  name: str = pydantic.Field(min_length=1, max_length=64)
-  description: str = ""
-  parameters: Dict[str, Any] = pydantic.Field(default_factory=dict)
-
-
-class _ToolDecl(_Model):
-  type: Literal["function"] = "function"
-  function: _FunctionDecl
-
-
-class _NamedChoice(_Model):
-  type: Literal["function"] = "function"
-  function: Dict[Literal["name"], str]
-
-
-class ChatRequest(_Model):
-  model_config = pydantic.ConfigDict(extra="forbid")  # an unknown field is a 400 naming it
-  model: str = ""
-  messages: List[Message] = pydantic.Field(min_length=1)
-  tools: Optional[List[_ToolDecl]] = None
-  tool_choice: Union[Literal["auto", "none", "required"], _NamedChoice, None] = None
-  temperature: Optional[float] = pydantic.Field(None, ge=0.0, le=2.0)
-  top_p: Optional[float] = pydantic.Field(None, gt=0.0, le=1.0)
-  max_tokens: Optional[int] = pydantic.Field(None, ge=1)
-  max_completion_tokens: Optional[int] = pydantic.Field(None, ge=1)
-  stop: Union[str, List[str], None] = None
-  seed: Optional[int] = None
-  n: Optional[int] = pydantic.Field(None, ge=1, le=1)
-  stream: bool = False
-  stream_options: Optional[Dict[str, Any]] = None
-  logprobs: Optional[bool] = None
-  top_logprobs: Optional[int] = pydantic.Field(None, ge=0, le=20)
-  parallel_tool_calls: Optional[bool] = None
-  user: Optional[str] = None
-  # accepted only at their neutral values (_unsupported)
-  response_format: Optional[Dict[str, Any]] = None
-  presence_penalty: Optional[float] = None
-  frequency_penalty: Optional[float] = None
-  logit_bias: Optional[Dict[str, float]] = None
-
-
-def _unsupported(body: ChatRequest) -> None:
-  """A 400 for a field the endpoint cannot honour, naming it."""
-  refused = None
-  if body.response_format not in (None, {"type": "text"}):
-    refused = ("response_format", "only {\"type\": \"text\"}: the servers do not constrain "
-               "decoding to a format")
-  for name in ("presence_penalty", "frequency_penalty"):
-    if getattr(body, name) not in (None, 0):
-      refused = (name, "the servers sample without penalties")
-  if body.logit_bias:
-    refused = ("logit_bias", "the servers sample without logit biases")
-  if body.top_logprobs:
-    refused = ("top_logprobs", "the servers return the sampled token's log-prob only; "
-               "ask for logprobs with top_logprobs 0")
-  elif body.top_logprobs is not None and not body.logprobs:
-    refused = ("top_logprobs", "needs logprobs: true")
-  if body.logprobs and body.stream:
-    refused = ("logprobs", "not with stream: true (ask without streaming)")
-  if refused:
-    raise APIError(400, f"{refused[0]} is not supported: {refused[1]}", refused[0],
-                   "unsupported_parameter")
-
-
-class APIError(Exception):
-  """An error answered as OpenAI's error object."""
-
-  def __init__(self, status: int, message: str, param: Optional[str] = None,
-               code: Optional[str] = None, kind: str = "invalid_request_error"):
-    super().__init__(message)
-    self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-  def response(self) -> responses.JSONResponse:
-    return _error(self.status, self.message, self.param, self.code, self.kind)
 
 
 def _error(status, message, param=None, code=None, kind="invalid_request_error"):
@@ -194,18 +91,6 @@ def _field(loc) -> str:
     else:
       out += ("." if out else "") + str(part)
   return out
-
-
-@dataclasses.dataclass
-class EpisodeSettings:
-  """How one episode's calls are served."""
-  mode: str = "train"  # the servers' sampling mode ("train" | "val")
-  sequence_length: int = 1024  # ids per sample (prompt + every reply)
-  max_prompt_length: int = 1024  # the servers' max_prefill_length
-  default_max_tokens: Optional[int] = None  # a call's reply when it asks for no limit
-  # (None: what is left of the context, as OpenAI's API)
-  max_tokens_cap: Optional[int] = None  # a call's reply at most (training: per turn)
-  honour_sampling: bool = True  # temperature / top_p / seed from the request
 
 
 class _Guard:
@@ -369,7 +254,7 @@ class OpenAIEndpoint:
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
-      return exc.response()
+      return _error(exc.status, exc.message, exc.param, exc.code, exc.kind)
 
     @app.exception_handler(Exception)
     async def _internal(request, exc):  # the endpoint stays up whatever went wrong
@@ -421,7 +306,7 @@ class OpenAIEndpoint:
     if self._in_flight[""] >= self.max_concurrent_requests:
       raise APIError(429, f"over {self.max_concurrent_requests} concurrent requests",
                      code="rate_limit_exceeded", kind="rate_limit_error")
-    _unsupported(body)
+    openai_chat.refuse_unsupported(body)
     keys = ("", episode_id) if episode_id else ("",)
     for key in keys:
       self._in_flight[key] += 1
@@ -453,30 +338,8 @@ class OpenAIEndpoint:
         rec = self.open_episode(episode_id)
       else:
         self.episodes.move_to_end(episode_id)
-    messages = [recording.normalize_message(m.model_dump(exclude_none=True))
-                for m in body.messages]
-    for m in messages:
-      if m["role"] == "developer":  # OpenAI's newer name for the system role
-        m["role"] = "system"
-    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    forced = self._forced(body, tools)
     scratch = rec or recording.EpisodeRecording("", self.tokenizer)
-    try:
-      call = scratch.prepare(messages, tools, forced)
-    except Exception as e:  # a template that cannot render these messages
-      raise APIError(400, f"messages: the chat template cannot render them ({e})",
-                     "messages") from None
-    prompt = call.prompt_ids
-    room = settings.sequence_length - len(prompt)
-    if room < 1 or len(prompt) > settings.max_prompt_length:
-      if rec is not None:
-        rec.context_exceeded = True
-      raise APIError(400, f"the prompt is {len(prompt)} tokens; this model's context is "
-                     f"{settings.sequence_length} tokens (at most "
-                     f"{settings.max_prompt_length} prompt tokens) and needs room to reply",
-                     "messages", "context_length_exceeded")
-    asked = body.max_completion_tokens or body.max_tokens or settings.default_max_tokens or room
-    max_tokens = min(asked, room, settings.max_tokens_cap or asked)
+    prompt = openai_chat.prepare(body, scratch, settings)
     self._calls += 1
     kwargs: Dict[str, Any] = {"mode": settings.mode}
     if rec is not None:
@@ -490,7 +353,8 @@ class OpenAIEndpoint:
       if body.seed is not None:  # the servers draw a request's tokens from its id
         request_id = f"openai/seed{body.seed}"
     try:
-      gen = await self.generate(request_id, prompt, max_tokens, **kwargs)
+      gen = await self.generate(request_id, prompt.call.prompt_ids, prompt.max_tokens,
+                              **kwargs)
     except Exception as e:
       name = type(e).__name__
       if name == "NoServerAliveError":
@@ -499,90 +363,13 @@ class OpenAIEndpoint:
       if name == "InvalidRequestError":
         raise APIError(400, str(e)) from None
       raise
-    ids = list(gen.token_ids)
-    generated = len(ids)
-    ended = bool(ids) and ids[-1] == self.eos_id
-    versions = list(gen.token_versions) or [gen.policy_version] * len(ids)
-    logp = list(getattr(gen, "behaviour_logp", None) or ())
-    text = self.tokenizer.decode(ids, skip_special_tokens=True)
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
-    ids, text, stopped = self._cut_at_stop(ids, text, [s for s in stops if s])
-    versions, logp = versions[:len(ids)], logp[:len(ids)]
-    raw = forced + text
-    cut = not (stopped or ended) and generated >= max_tokens
-    # a reply cut by max_tokens may end inside a call: its text is the content
-    reply, calls = self._reply(raw, body.tool_choice != "none" and bool(tools) and not cut)
-    if calls and body.parallel_tool_calls is False:
-      reply["tool_calls"] = calls = calls[:1]
-    finish = "length" if cut else "tool_calls" if calls else "stop"
+    reply = openai_chat.read_reply(body, prompt, gen, self.tokenizer, self.eos_id)
     if rec is not None:
-      rec.commit(call, ids, versions, logp, raw, reply, stopped)
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": generated,
-             "total_tokens": len(prompt) + generated}
-    return reply, usage, finish, self._logprobs(ids, logp) if body.logprobs else None
-
-  def _logprobs(self, ids: List[int], logp: List[float]) -> Dict[str, Any]:
-    """OpenAI's `choices[].logprobs` for the reply's generated tokens (the end-of-turn
-    token left out, as it is of the content)."""
-    if len(logp) < len(ids) or any(v != v for v in logp[:len(ids)]):
-      raise APIError(500, "the rollout server returned no log-probs for this reply",
-                     "logprobs", kind="server_error")
-    content = []
-    for token_id, value in zip(ids, logp):
-      if token_id == self.eos_id:
-        continue
-      token = self.tokenizer.decode([token_id], skip_special_tokens=True)
-      content.append({"token": token, "logprob": float(value),
-                      "bytes": list(token.encode("utf-8")), "top_logprobs": []})
-    return {"content": content, "refusal": None}
-
-  def _forced(self, body: ChatRequest, tools) -> str:
-    choice = body.tool_choice
-    if choice in (None, "auto", "none"):
-      return ""
-    if not tools:
-      raise APIError(400, "tool_choice needs `tools`", "tool_choice")
-    if choice == "required":
-      return TOOL_CALL_OPEN
-    name = choice.function.get("name", "")
-    if name not in [t["function"]["name"] for t in tools]:
-      raise APIError(400, f"tool_choice names {name!r}, which is not in `tools`", "tool_choice")
-    return TOOL_CALL_OPEN + json.dumps({"name": name})[:-1] + ', "arguments": '
-
-  def _cut_at_stop(self, ids: List[int], text: str, stops: List[str]):
-    """(ids, text, stopped): the reply up to the earliest stop text (excluded from the
-    text); the ids up to the token that completed it."""
-    hits = [(text.find(s), s) for s in stops if s in text]
-    if not hits:
-      return ids, text, False
-    at, stop = min(hits)
-    for k in range(1, len(ids) + 1):
-      if len(self.tokenizer.decode(ids[:k], skip_special_tokens=True)) >= at + len(stop):
-        return ids[:k], text[:at], True
-    return ids, text[:at], True
-
-  def _reply(self, raw: str, parse_calls: bool):
-    """The assistant message for `raw`: well-formed `<tool_call>` blocks become
-    `tool_calls` (a malformed one stays in the content, for the agent to see)."""
-    calls, content = [], raw
-    if parse_calls:
-      kept, last = [], 0
-      for match in tools_base.TOOL_CALL_BLOCK.finditer(raw[:tools_base.MAX_PARSED_CHARS]):
-        parsed = tools_base.parse_tool_calls(match.group(0))
-        if parsed and parsed[0].error is None:
-          calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                        "function": {"name": parsed[0].name,
-                                     "arguments": json.dumps(parsed[0].arguments,
-                                                             ensure_ascii=False)}})
-          kept.append(raw[last:match.start()])
-          last = match.end()
-      content = "".join(kept) + raw[last:]
-      if calls:
-        content = content.strip()
-    reply: Dict[str, Any] = {"role": "assistant", "content": content or None}
-    if calls:
-      reply["tool_calls"] = calls
-    return reply, calls
+      rec.commit(prompt.call, reply.ids, reply.versions, reply.logp, reply.raw, reply.message,
+                 reply.stopped)
+    logprobs = openai_chat.logprobs(self.tokenizer, self.eos_id, reply.ids, reply.logp) \
+        if body.logprobs else None
+    return reply.message, reply.usage, reply.finish, logprobs
 
 
 async def _sse(completion_id, created, model, reply, finish, usage, chunk_chars: int = 32):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rollx import config as config_lib, models
+from rollx import checks, config as config_lib, models
 from rollx.algos import correction
 from rollx.trainer.learner import Learner
 
@@ -136,7 +136,7 @@ def learner(mode):
   c.actor_train.device_mapping = (0,)
   c.actor_train.training_args.update(per_device_train_batch_size=4, learning_rate=1e-3,
                                      warmup_steps=0, weight_decay=0.0)
-  return Learner(config_lib.validate(c), models.load_model(None))
+  return Learner(checks.validate(c), models.load_model(None))
 
 
 def step_samples():

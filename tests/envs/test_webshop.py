@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import envs
-from envs import webshop, webshop_data
+from envs import webshop, webshop_catalog, webshop_data
 
 
 def product(asin="B1", title="Acorn Gluten Free Rice Crackers", query="crackers",
@@ -299,14 +299,14 @@ def test_the_random_shopper_follows_the_shop_and_never_reads_the_goal():
 
 
 def test_training_and_validation_goals_come_from_disjoint_products():
-  catalog = webshop_data.synthetic_catalog(3000, 0)
+  catalog = webshop_catalog.synthetic_catalog(3000, 0)
   train = {g.asin for g in catalog.train_goals}
   validation = {g.asin for g in catalog.validation_goals}
   assert train and validation and not train & validation
   assert len(catalog.products) == 3000 and len({p.category for p in catalog.products}) == 10
-  again = webshop_data.synthetic_records(50, 0)
-  assert again == webshop_data.synthetic_records(50, 0)  # deterministic
-  assert again != webshop_data.synthetic_records(50, 1)
+  again = webshop_catalog.synthetic_records(50, 0)
+  assert again == webshop_catalog.synthetic_records(50, 0)  # deterministic
+  assert again != webshop_catalog.synthetic_records(50, 1)
 
 
 def test_pages_and_actions():
@@ -436,7 +436,7 @@ def test_bad_config_names_the_key():
 
 def test_the_search_index_is_cached_on_disk(tmp_path, monkeypatch):
   monkeypatch.setenv("ROLLX_CACHE", str(tmp_path))
-  catalog = webshop_data.synthetic_catalog(200, 5)
+  catalog = webshop_catalog.synthetic_catalog(200, 5)
   first = webshop_data.SearchIndex(catalog).search("gluten free crackers", 50)
   saved = os.listdir(tmp_path / "webshop_index")
   assert len(saved) == 1
@@ -503,9 +503,9 @@ def _assert_extends_the_tool_model(model_dir, trained):
 def test_the_webshop_config_starts_from_the_shipped_webshop_model():
   """configs/webshop.py starts RL from rollx/models/default_webshop: the tool model, its
   tokenizer extended with the shop's words, its weights warm started."""
-  from rollx import config as config_lib, models
+  from rollx import checks, config as config_lib, models
   from tests.conftest import ROOT
-  config = config_lib.validate(config_lib.load_file(os.path.join(ROOT, "configs", "webshop.py")))
+  config = checks.validate(config_lib.load_file(os.path.join(ROOT, "configs", "webshop.py")))
   assert config.pretrain == models.DEFAULT_WEBSHOP_MODEL_DIR and config.warm_start_steps == 0
   _assert_extends_the_tool_model(models.DEFAULT_WEBSHOP_MODEL_DIR, trained=True)
 

@@ -10,7 +10,7 @@ import transformers
 
 import envs
 from envs import sokoban
-from rollx import config as config_lib, models
+from rollx import checks, config as config_lib, models
 from tests.conftest import ROOT
 from rollx.models import hf, llm
 from rollx.recipes import make_default, warm_start
@@ -187,25 +187,44 @@ def test_the_default_recipe_warm_starts_sokoban_on_boards_with_the_line():
     assert ("\nLeft " in text) == has_line, text
 
 
-def test_warm_start_steps_start_a_run_from_a_warm_started_copy(tmp_path):
+def test_warm_start_steps_start_a_run_from_a_warm_started_copy(tmp_path, capsys):
+  """`warm_start.prepare` (what rollx.train runs before its pipeline) builds the start
+  once, reuses it while the recipe is the same and rebuilds it when it is not; play and
+  eval only take a start built from their config's recipe."""
   import os
   from safetensors.numpy import load_file
   # FrozenLake's short rows keep the two steps cheap; WebShop's transcripts are below
-  config = config_lib.validate(config_lib.load_file(os.path.join(ROOT, "configs", "frozenlake.py")))
+  config = checks.validate(config_lib.load_file(os.path.join(ROOT, "configs", "frozenlake.py")))
   config.output_dir = str(tmp_path)
   config.warm_start_steps = 2
-  path = warm_start.for_config(config)
+  looked = checks.validate(config_lib.load_file(os.path.join(ROOT, "configs", "frozenlake.py")))
+  looked.output_dir, looked.warm_start_steps = str(tmp_path), 2
+  warm_start.prepare(looked, build_missing=False)  # rollx.play / rollx.eval: nothing built yet
+  assert looked.pretrain is None and os.listdir(tmp_path) == []
+  warm_start.prepare(config)
+  path = config.pretrain
   assert path == str(tmp_path / "warm_start") and os.listdir(tmp_path) == ["warm_start"]
+  assert capsys.readouterr().out.splitlines()[-1].startswith(f"warm start: built {path} (2 steps")
+  warm_start.prepare(looked, build_missing=False)
+  assert looked.pretrain == path
   before = load_file(os.path.join(models.DEFAULT_MODEL_DIR, "model.safetensors"))
   after = load_file(os.path.join(path, "model.safetensors"))
   assert any(not np.array_equal(before[k], after[k]) for k in before)  # trained
   assert open(os.path.join(path, "tokenizer.json")).read() == open(
       os.path.join(models.DEFAULT_MODEL_DIR, "tokenizer.json")).read()
   stamp = os.path.getmtime(os.path.join(path, "model.safetensors"))
-  assert warm_start.for_config(config) == path  # a resumed run reuses it
+  config.pretrain = None
+  warm_start.prepare(config)  # a resumed run reuses it
+  assert config.pretrain == path and capsys.readouterr().out == f"warm start: reused {path}\n"
   assert os.path.getmtime(os.path.join(path, "model.safetensors")) == stamp
+  config.pretrain, config.warm_start_steps = None, 1  # another recipe: built again
+  warm_start.prepare(config)
+  assert os.path.getmtime(os.path.join(path, "model.safetensors")) != stamp
+  assert "built" in capsys.readouterr().out and os.listdir(tmp_path) == ["warm_start"]
+  with pytest.raises(ValueError, match="exists and is not a warm start"):  # never a user's model
+    warm_start.build(config, models.DEFAULT_MODEL_DIR)
   # the transcripts: WebShop pages, every answer valid on its page, the same step-wise cut
-  shop = config_lib.validate(config_lib.load_file(os.path.join(ROOT, "configs", "webshop.py")))
+  shop = checks.validate(config_lib.load_file(os.path.join(ROOT, "configs", "webshop.py")))
   tokenizer = hf.load_tokenizer(models.resolve_model_dir(shop.pretrain))  # the shop's words
   entry = ("WebShop", shop.custom_envs.WebShop.to_dict(), dict(step_wise=True, history_length=0), 1.0)
   episodes = warm_start.random_valid_episodes(tokenizer, [entry], 20, seed=0,

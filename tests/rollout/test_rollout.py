@@ -21,7 +21,7 @@ from PIL import Image
 
 import envs
 from envs.frozenlake import FrozenLake
-from rollx import config as config_lib
+from rollx import checks, config as config_lib
 from rollx.serving import server as server_lib
 from rollx.models import hf
 from rollx.recipes import scripted
@@ -64,7 +64,7 @@ def make_config(policy_dir, **manager):
                              max_env_num_per_worker=5)
   c.train_env_manager.update(**manager)
   c.rollout_batch_size = c.train_env_manager.num_env_groups * c.train_env_manager.group_size
-  return config_lib.validate(c)
+  return checks.validate(c)
 
 
 @pytest.fixture(scope="module")
@@ -308,7 +308,7 @@ def test_symmetric_views_config_errors_name_the_key(policy_dir):
   config = make_config(policy_dir, tags=("FrozenLake",))
   config.val_env_manager.update(env_manager_type="step", symmetric_views=("rot180",))
   with pytest.raises(config_lib.ConfigError, match="val_env_manager.symmetric_views"):
-    config_lib.validate(config)
+    checks.validate(config)
 
 
 def test_redundancy_keeps_first_group_size_and_filter_keeps_high_std(policy_dir, server):
@@ -633,11 +633,11 @@ def test_play_caps_a_turn_as_the_rollouts_do():
   # a turn's cap: the env's max_tokens_per_step and the sampling's max_new_tokens, the
   # train or the validation one, as the Ray env workers apply them
   from configs import frozenlake
-  from rollx import config as config_lib, play
+  from rollx import play
   config = frozenlake.get_config()
   config.actor_infer.generating_args.max_new_tokens = 3
   config.actor_infer.val_generating_args.max_new_tokens = 5
-  config = config_lib.validate(config)
+  config = checks.validate(config)
   assert config.custom_envs.FrozenLake.max_tokens_per_step > 5
   assert play.local_manager(config, "FrozenLake", policy="human").max_tokens == 3
   assert play.local_manager(config, "FrozenLake", policy="human", val=True).max_tokens == 5

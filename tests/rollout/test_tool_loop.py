@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import envs
-from rollx import config as config_lib
+from rollx import checks, config as config_lib
 from rollx.models import DEFAULT_MODEL_DIR, hf
 from rollx.rollout import agent_loops, chat
 from rollx.rollout.types import Ticket, collate
@@ -165,7 +165,7 @@ def test_tool_configs_are_checked_by_name():
   c.custom_envs.FrozenLake.tools = ("calculator",)
   c.custom_envs.Bad = config_lib.env_entry("ReasoningTask", agent_loop="robot", tools=("abacus",))
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(c)
+    checks.validate(c)
   errors = dict(e.value.errors)
   assert "never calls tools" in errors["custom_envs.FrozenLake.tools"]
   assert "unknown agent loop 'robot'" in errors["custom_envs.Bad.agent_loop"]
@@ -218,7 +218,7 @@ def test_rollx_play_prints_each_tool_call_and_result():
 
 def test_tool_demonstrations_solve_other_families_through_the_real_loop(tmp_path):
   from rollx.recipes import tool_demos, warm_start
-  config = config_lib.validate(config_lib.load_file(os.path.join(
+  config = checks.validate(config_lib.load_file(os.path.join(
       os.path.dirname(__file__), os.pardir, os.pardir, "configs", "tool_arithmetic.py")))
   tok = hf.load_tokenizer(DEFAULT_MODEL_DIR)
   episodes = tool_demos.demonstration_episodes(
@@ -253,7 +253,7 @@ def test_tool_demonstrations_solve_other_families_through_the_real_loop(tmp_path
   config.warm_start_steps = 1
   config.custom_envs.Arithmetic.env_config.datasets = ("products",)
   with pytest.raises(ValueError, match=r"Arithmetic.env_config.datasets: \['products'\]"):
-    warm_start.for_config(config)
+    warm_start.build(config, str(tmp_path / "start"))
   assert os.listdir(tmp_path) == []
 
 
@@ -302,13 +302,13 @@ def test_copy_pretraining_samples_copy_their_prompt_and_teach_no_task(in_the_loo
 
 
 def test_the_tool_model_recipe_runs_both_stages(tmp_path):
-  """`python -m rollx.recipes.tool_demos` in miniature (two steps a stage): copy
+  """`python -m rollx.recipes.tool_start` in miniature (two steps a stage): copy
   pretraining, then the config's warm start on demonstrations and copy samples; the
   result is an HF directory that the tool config can start from."""
   from safetensors.numpy import load_file
-  from rollx.recipes import tool_demos
+  from rollx.recipes import tool_start
   from tests.conftest import ROOT
-  out = tool_demos.build_default_tools(str(tmp_path / "tools"),
+  out = tool_start.build_default_tools(str(tmp_path / "tools"),
                                        os.path.join(ROOT, "configs", "tool_arithmetic.py"),
                                        steps=2, copy_steps=2)  # step 0 is warm-up (lr 0)
   before = load_file(os.path.join(DEFAULT_MODEL_DIR, "model.safetensors"))

@@ -17,7 +17,8 @@ import pytest
 from rollx import config as config_lib
 from rollx.models import llm
 from rollx.serving.client import InvalidRequestError, NoServerAliveError, RolloutClient
-from rollx.serving.engine import RollxEngine, Sampling, sample_tokens
+from rollx.serving.engine import RollxEngine, Sampling
+from rollx.serving.slot_ops import sample_tokens
 from rollx.serving.batching import GenerateLoop
 from rollx.serving import REQUEST_ID_KEY
 from rollx.serving import server as server_lib

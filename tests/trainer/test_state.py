@@ -89,7 +89,7 @@ def test_the_schedule_spans_the_run_however_many_updates_a_step_makes():
   # rounds), 2 and 1 minibatch updates: every update of a step has that step's rate,
   # and the last step still trains (a horizon counted in updates ended at step 1)
   import types
-  from rollx import config as config_lib, models
+  from rollx import checks, config as config_lib, models
   from rollx.trainer.learner import Learner
   from rollx.trainer.state import lr_schedule
   c = config_lib.default_config()
@@ -99,7 +99,7 @@ def test_the_schedule_spans_the_run_however_many_updates_a_step_makes():
   c.actor_train.device_mapping = (0,)
   c.actor_train.training_args.update(per_device_train_batch_size=4, learning_rate=1e-3,
                                      lr_scheduler_type="cosine")
-  c = config_lib.validate(c)
+  c = checks.validate(c)
   learner = Learner(c, models.load_model(None))
   schedule = lr_schedule(c.actor_train.training_args, c.max_steps)
   rng = np.random.default_rng(0)
