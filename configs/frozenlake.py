@@ -1,37 +1,32 @@
 """FrozenLake 4x4 (not slippery): GRPO on history-free step samples, the built-in default model.
 
 Command:   python -m rollx.train --config=configs/frozenlake.py   (or `make train`)
-           learning curve: python -m rollx.curve --config=configs/frozenlake.py
-           --minutes=30 --seed=1
-           ROLL's layout (whole conversations, trajectory-wise):
-           python -m rollx.train --config=configs/frozenlake.py:multiturn
+           curve: python -m rollx.curve --config=configs/frozenlake.py --minutes=30 --seed=1
+           GAE: --config.adv_estimator=gae --config.drop_zero_advantage_samples=False
+           --config.episode_reward_gamma=1.0; async rollouts: --config.async_generation_ratio=1
+           ROLL's layout: python -m rollx.train --config=configs/frozenlake.py:multiturn
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
-Runtime:   ~2.0 s per step on 2 CPU cores (~4.4 s with GAE), faster as episodes shorten;
-           200 steps by default, validation every 10.
-Expected:  (2026-11-26) greedy validation on 128 unseen maps, 30 min per seed: ~0.11 at the
-           start; first >= 0.8 at 7.4 / 6.4 / 6.5 min on seeds 1-3, lowest after it 0.805 /
-           0.781 / 0.703, mean 0.944 / 0.912 / 0.930 over min 20-30. GAE
-           (--config.adv_estimator=gae --config.drop_zero_advantage_samples=False
-           --config.episode_reward_gamma=1.0), seed 1: first >= 0.8 at 11.8 min, lowest
-           after it 0.719, mean 0.871. Async (--config.async_generation_ratio=1, the default
-           rollout correction), seed 1, beside sync on one loaded host (2026-11-27): both
-           first >= 0.8 at step 200, async at 33.3 min, sync at 43.5.
-
-`:multiturn`: ROLL's layout, one sample per episode: the whole conversation (a 10-turn
-episode is 449 tokens), GRPO on the episode's score; each turn prefills only its new grid
-onto the conversation's cached keys/values. Runtime (2026-11-27, 2 CPU cores, steps 3-11
-of 12-step runs): 10.5 s a step (rollout 4.6 s, 41 prompt tokens prefilled a turn) vs
-14.5 s (8.7 s, 200 tokens) with reuse_kv=False and 64 slots. Expected (2026-11-27, seed 1,
-30 min = 167 steps): greedy validation 0.133 at the start, mean 0.088 over steps 0-80 and
-0.166 over steps 90-160 (best 0.281): no takeoff in 30 min, where the step-wise recipe
-passes 0.8 at steps 170-180.
+Runtime:   ~2.0 s per step on a quiet 2-core host, ~4.4 s with GAE (2026-11-26), ~5-7 s on a
+           shared one (2026-11-27); 200 steps by default, validation every 10.
+           `:multiturn`: ~10.8 s per step (2026-11-27).
+Expected:  (2026-11-27) GRPO seed 1, 30 min: first >= 0.8 at step 180, mean 0.925 over min 20-30
+           (2026-11-26, 84ab0aa) seeds 1-3 on a quiet host: first >= 0.8 at 7.4 / 6.4 / 6.5 min
+           (2026-11-26, 22145cf) GAE seed 1: first >= 0.8 at 11.8 min, lowest after it 0.719
+           (2026-11-27, 8a1dad4) async, seed 1: first >= 0.8 at step 200, at 33.3 min (sync 43.5)
+           (2026-11-27) `:multiturn` seed 1, 30 min: best 0.281, no takeoff in 167 steps
+           greedy, on 128 unseen maps; the records: docs/results.md#frozenlake-grpo-seed1 on
 
 Default (''): every env step is one sample whose prompt is the current grid and a line
 naming the tile next to P in each direction; GRPO credits every step with its episode's
 discounted score, centred within its group of 8 episodes on one map (StarPO's
 trajectory-level credit, on a history-free policy). Training maps are random; validation
-maps come from a disjoint seed stream, so validation measures generalisation. Why each
-setting, with measurements: docs/frozenlake_recipe.md.
+maps come from a disjoint seed stream, so validation measures generalisation.
+
+`:multiturn`: ROLL's layout, one sample per episode: the whole conversation (a 10-turn
+episode is 449 tokens), GRPO on the episode's score; each turn prefills only its new grid
+onto the conversation's cached keys/values.
+
+Why each setting, with measurements: docs/frozenlake_recipe.md.
 """
 
 from rollx import config as rollx_config

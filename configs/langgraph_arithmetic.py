@@ -6,10 +6,12 @@ OpenAI-compatible endpoint instead of rollx's tool loop.
 Command:   python -m rollx.train --config=configs/langgraph_arithmetic.py
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
 Runtime:   not measured for a learning run; a 1-step run trains (see the README).
-Expected:  not measured yet. Starts, like configs/tool_arithmetic.py, from the default
-           model warm started on calculator demonstrations of other task families.
+Expected:  not measured yet: no record of this config in docs/results.md. The tool loop on
+           the same tasks, from the same start: docs/results.md#tool-arithmetic-seed1
 
-What differs from the tool loop, by design: LangGraph renders the conversation as OpenAI
+Starts, like configs/tool_arithmetic.py, from the default model warm started on
+calculator demonstrations of other task families (rollx/models/default_tools). What
+differs from the tool loop, by design: LangGraph renders the conversation as OpenAI
 messages, so the recorded sample is the endpoint's token-exact extension of them (one
 sample per episode unless the agent rewrites its history), and the model answers
 LangGraph's prompt, which has no system message unless the agent gives one.

@@ -5,10 +5,12 @@ configs/frozenlake.py.
 Command:   python -m rollx.train --config=configs/openai_frozenlake.py
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
 Runtime:   not measured for a learning run; a 1-step run trains (see the README).
-Expected:  not measured yet. The recipe that learns FrozenLake from the default model is
-           configs/frozenlake.py (history-free step samples); this one is the same game as
-           a user's agent program writes it, whole conversations, which the default
-           model was never warm started on.
+Expected:  not measured yet: no record of this config in docs/results.md. The recipe that
+           learns FrozenLake from the default model: docs/results.md#frozenlake-grpo-seed1
+
+configs/frozenlake.py learns from history-free step samples; this one is the same game as
+a user's agent program writes it, whole conversations, which the default model was never
+warm started on.
 """
 
 import os

@@ -1,16 +1,14 @@
 """SimpleSokoban (6x6, 1 box), GiGPO on step-wise samples: FrozenLake's recipe on Sokoban.
 
 Command:   python -m rollx.train --config=configs/simple_sokoban.py
-           60-minute curve: python -m rollx.curve --config=configs/simple_sokoban.py
-           --minutes=60 --seed=1
+           curve: python -m rollx.curve --config=configs/simple_sokoban.py --minutes=60 --seed=1
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
 Runtime:   ~9-12 s per step on 2 CPU cores (train ~3.9 s, rollout ~3.2 s, log-probs ~1.6 s);
            ~400 steps in 60 minutes.
-Expected:  greedy validation on 128 unseen levels rises slowly (random valid moves solve
-           0.156): seed 1 (2026-11-26) mean 0.043 over steps 0-90 -> 0.202 over steps
-           300-390, seed 2 (2026-11-27) 0.062 -> 0.252; over the first 10 minutes 0.034 /
-           0.041, over the last 20 0.190 / 0.235. The greedy policy still leans on one move
-           on many boards.
+Expected:  (2026-11-26, 84ab0aa) seed 1, 60 min: 0.043 over steps 0-90 -> 0.202 over 300-390
+           (2026-11-27, cc94060) seed 2, 60 min: 0.062 over steps 0-90 -> 0.252 over 300-390
+           mean greedy validation on 128 unseen levels, where random valid moves solve 0.156;
+           the records: docs/results.md#simple-sokoban-seed1, docs/results.md#simple-sokoban-seed2
 
 Everything but the env and the estimator is configs/frozenlake.py (history-free step
 samples credited with the episode's group-centred score, whitening, KL loss to the warm
@@ -18,7 +16,8 @@ start, the per-update trust region, dynamic sampling). Sokoban is Markov in its 
 a history-free sample loses nothing. The score is the env's shaped one (-0.1 per move, +1
 box on a target, -1 off, +10 solved); validation success = solved. The default model was
 warm started on SimpleSokoban's compact prompts with the neighbour line, as whole
-conversations of random valid moves (rollx.recipes.warm_start).
+conversations of random valid moves (rollx.recipes.warm_start). What was measured without
+GiGPO or the line: docs/frozenlake_recipe.md, SimpleSokoban.
 """
 
 import os

@@ -6,24 +6,22 @@ Command:   python -m rollx.train --config=configs/sokoban.py
            python -m rollx.train --config=configs/sokoban.py:multiturn
 Hardware:  one CPU host (2 cores) for the default model (step-wise); a GPU/TPU host for
            `:multiturn` or Qwen2.5-0.5B (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct).
-Runtime:   (2026-11-26, 2 CPU cores) a 3-step run: 131 s in all, steps of 61 / 32 / 24 s
-           (the first ones compile); ~35 s per step later on. `:multiturn` (2026-11-27):
-           one step 4.7 min (rollout 93 s, log-probs 65 s, train 124 s, compiles
-           included), 6.3 GiB peak memory in all (trainer 3.0 GiB, JetStream server 2.3;
-           the server now has its own malloc settings: 1.8 GiB on bench/server_memory.py's
-           worst-case load);
-           each turn prefills ~100 new prompt tokens and reuses ~750 cached ones. Before
-           KV reuse across turns (2026-11-26): ~21 min, rollout 952 s, 10.1 GB.
-Expected:  (2026-11-26) not shown to learn: 30 min, seed 1, 50 steps: greedy validation
-           0.078 at the start, 0.023-0.063 after (invalid answers ~1%, no episode out of
-           context). The same recipe on SimpleSokoban alone rises slowly over 60 min
-           (configs/simple_sokoban.py); RAGEN reports ~0.2 for Qwen2.5-0.5B. The default
-           model was warm started on SimpleSokoban's compact prompts with the neighbour
-           line only (rollx.recipes.warm_start): 10x10 boards and other symbols are new to it.
-           `:multiturn` (one step): 27% of the 10x10 answers invalid, 0.5% of the 6x6 ones.
+Runtime:   ~35 s per step step-wise on 2 CPU cores (2026-11-26); `:multiturn` 4.7 min for
+           its first step, compiles included, 6.3 GiB peak memory in all (2026-11-27).
+Expected:  (2026-11-26, 2eb9ae9) seed 1, 30 min: not shown to learn, 0.078 -> 0.023-0.063
+           (2026-11-27) `:multiturn`, one step: ~100 prompt tokens prefilled a turn, ~750 reused
+           (2026-11-26, 8a7691a) `:multiturn`: 27% of the 10x10 answers invalid, 0.5% of 6x6
+           greedy validation on 128 levels of the three variants; the records:
+           docs/results.md#sokoban-seed1, docs/results.md#sokoban-multiturn-step and
+           docs/results.md#sokoban-multiturn-step-before-kv-reuse
 
 Default (''): configs/simple_sokoban.py's recipe (history-free step samples, GiGPO, the
 neighbour line) on the three variants, so a 10x10 level's 20 moves are 20 short samples.
+The same recipe on SimpleSokoban alone rises slowly over 60 min (configs/simple_sokoban.py);
+RAGEN reports ~0.2 for Qwen2.5-0.5B on Sokoban. The default model was warm started on
+SimpleSokoban's compact prompts with the neighbour line only (rollx.recipes.warm_start):
+10x10 boards and other symbols are new to it.
+
 `:multiturn`: ROLL's layout, one sample per episode with GRPO on its score; a 20-turn
 10x10 episode is 2,914 tokens, and the server's prefill and cache lengths must hold its
 last turn (tests/test_config.py checks that a full-length episode of every shipped config

@@ -2,45 +2,31 @@
 GRPO on whole conversations.
 
 Command:   python -m rollx.train --config=configs/tool_arithmetic.py
+           curve: python -m rollx.curve --config=configs/tool_arithmetic.py --minutes=60 --seed=1
            without tools (the same tasks, the model alone):
            --config.custom_envs.Arithmetic.agent_loop=game --config.custom_envs.Arithmetic.tools="()"
            (and the same for ArithmeticVal)
            play it: python -m rollx.play --config=configs/tool_arithmetic.py --env=Arithmetic
            --policy=human
+           the start (shipped as rollx/models/default_tools): python -m rollx.recipes.tool_start
 Hardware:  one CPU host; 2 cores are enough, no accelerator needed.
-Runtime:   ~15-30 s a step (2 CPU cores, 2026-11-28). The warm start is done once and shipped
-           (rollx/models/default_tools; `python -m rollx.recipes.tool_demos` rebuilds it
-           in ~30 min: copy pretraining, then solved demonstrations).
-Expected:  greedy validation success from ~0.25 to ~0.45 within an hour: RL lifts the warm
-           start about 1.8x on average over the last half hour, to 2x at its best
-           evaluations. Measured 2026-11-28, 2 cores
-           (`python -m rollx.curve --config=configs/tool_arithmetic.py --minutes=60
-           --seed=1`, docs/curves/tool_arithmetic_seed*.csv): seed 1 0.266 at step 0,
-           first 0.531 (2x) at step 120 (28.7 min), mean 0.445 over the last 30 min
-           (steps 130-250), 0.484 at the end; seed 2 0.219 at step 0, first >= 2x
-           (0.469) at step 60 (17.0 min), best 0.531, mean 0.442 over the last 30 min
-           (steps 130-260), 0.500 at the end. One evaluation to the next swings +-0.1
-           (64 problems, a greedy policy). Calls per episode ~1.3-1.8; bad JSON in
-           ~25-40% of calls (tool_error_rate/bad_json). With learning rate 5e-4 (shipped
-           before that date) seed 1 stayed flat (0.27 at step 0, 0.14 at step 140, 31
-           min; also with 8 groups a step).
-           Tools off (the command's second form, the same seeds, both runs at once on
-           the 2 cores, 60 min, steps 0-280): 0.000 at every evaluation; without its
-           calculator the warm-started model never writes an <answer> (invalid 1.000),
-           so nothing scores and nothing is learnt.
-           The start: the default model has never seen a tool call, so the run starts
-           from a copy pretrained to copy text into calls and warm started on solved
-           tool-use demonstrations of other task families (chain sums and products;
-           rollx.recipes.tool_demos). `python -m rollx.eval --config=configs/tool_arithmetic.py
-           --checkpoint=rollx/models/default_tools` (64 problems, seed 42, greedy):
-           success 0.203 (95% CI 0.12-0.32); 91 calls, 64% well-formed JSON; a wrong
-           answer is mostly a call that dropped or changed digits of the problem. A real
-           run starts from an instruct model that calls tools
-           (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct).
+Runtime:   ~4.3 steps a minute on 2 CPU cores (2026-11-28); the start's rebuild ~30 min.
+Expected:  (2026-11-28) seed 1, 60 min: 0.266 at the start, mean 0.445 over the last 30 min
+           (2026-11-28) seed 2, 60 min: 0.219 at the start, mean 0.442 over the last 30 min
+           (2026-11-28) tools off, seeds 1 and 2: 0.000 at every evaluation (no answer written)
+           greedy validation success on 64 unseen problems; the records:
+           docs/results.md#tool-arithmetic-seed1, docs/results.md#tool-arithmetic-seed2 and
+           docs/results.md#tool-arithmetic-tools-off
 
 Tasks are reasoning-gym's `basic_arithmetic` with 3-4 terms of 3-4 digits: exact answers
 a small model cannot compute in its head, and a calculator call away. Training and
-validation problems come from disjoint generator seeds.
+validation problems come from disjoint generator seeds. The default model has never seen
+a tool call, so the run starts from the tool start: the default model copy pretrained,
+then warm started on solved calculator demonstrations of other task families (chain sums
+and products), so any gain on `basic_arithmetic` is RL's. A real run starts from an
+instruct model that calls tools (--config.pretrain=/path/to/Qwen2.5-0.5B-Instruct).
+How the start is built and why each setting, with what was tried:
+docs/tool_arithmetic_recipe.md.
 """
 
 from rollx import config as rollx_config
@@ -60,7 +46,7 @@ def get_config():
   config.sequence_length = 1024  # system + tool list (~400 tokens), the problem, calls and results
 
   # the default model warm started on calculator demonstrations of chain sums and products
-  # (not basic_arithmetic), after copy pretraining, shipped: `python -m rollx.recipes.tool_demos`
+  # (not basic_arithmetic), after copy pretraining, shipped: `python -m rollx.recipes.tool_start`
   # rebuilds it (1,600 copy steps, 200 warm-start steps, ~30 min); from the bare default model
   # instead (the warm start alone, no copy pretraining):
   # --config.pretrain="" --config.warm_start_steps=200
