@@ -13,6 +13,7 @@ Standard library only (no JAX): it runs, and its test runs, in a second.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -228,11 +229,11 @@ def outputs(root: str = ROOT) -> Dict[str, str]:
 
 
 def main(argv: Sequence[str], root: str = ROOT) -> int:
-  check = "--check" in argv[1:]
-  unknown = [a for a in argv[1:] if a != "--check"]
-  if unknown:
-    print(f"usage: python -m rollx.results [--check] (got {' '.join(unknown)})")
-    return 2
+  parser = argparse.ArgumentParser(prog="python -m rollx.results",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--check", action="store_true",
+                      help="change nothing; exit 1 naming the files that are stale")
+  check = parser.parse_args(argv[1:]).check  # a bad argument: usage, exit 2
   try:
     wanted = outputs(root)
   except (ResultsError, tomllib.TOMLDecodeError, OSError) as e:

@@ -7,6 +7,9 @@ actor, Orbax), signalled mid-step once its first step finished:
      step: checkpoint 1 is the planned one, the reference for T's;
   R  T resumed with the command its last line names (one more step).
 
+T starts from a two-step warm start (`--config.warm_start_steps=2`): rollx.train builds
+it before the pipeline, and R, the same command again, reuses it.
+
 Each exits with one line (no traceback, no stack dump), with 128 + the signal's number,
 and leaves no process of its run behind. Rollouts are not bitwise reproducible across
 runs (groups arrive in completion order), so T's checkpoint is compared with I's planned
@@ -50,7 +53,8 @@ def runs(tmp_path_factory):
   made = {}
   try:
     t_out = work / "t"
-    t = made["T"] = Run(work, "T", [*train, *train_flags(t_out, *EXTRA, "--config.save_steps=100")],
+    t = made["T"] = Run(work, "T", [*train, *train_flags(t_out, *EXTRA, "--config.save_steps=100",
+                                                     "--config.warm_start_steps=2")],
                         cache)
     _stop_mid_step(t, signal.SIGTERM, group=False)
     made["T_raw"] = _read_raw(t_out / "checkpoints" / "1")
@@ -118,3 +122,10 @@ def test_the_printed_command_resumes_from_the_stop_checkpoint(runs):
   assert r.leaked == []
   assert re.findall(r"(?m)^step (\d+)/2 ", r.output()) == ["2"]  # step 1 (0-based), once
   assert runs["R_listing"] == ["1", "2"]
+
+
+def test_the_warm_start_is_built_by_the_first_call_and_reused_by_the_second(runs):
+  start = runs["t_out"] / "warm_start"
+  assert re.search(rf"(?m)^warm start: built {re.escape(str(start))} \(2 steps, \d+ s\)$",
+                   runs["T"].output()), runs["T"].output()[-3000:]
+  assert f"warm start: reused {start}\n" in runs["R"].output(), runs["R"].output()[-3000:]

@@ -54,13 +54,14 @@ def build_default_tools(out_dir: str, config_path: str = CONFIG, steps: int = 20
 def main(argv):
   del argv
   f = flags.FLAGS
-  print(f"wrote {build_default_tools(f.out_dir, f.config, f.steps, f.copy_steps)}")
+  # --config is rollx.cli's (rollx.recipes.warm_start imports it): the path is what counts
+  config_path = f["config"].config_filename if f["config"].present else CONFIG
+  print(f"wrote {build_default_tools(f.out_dir, config_path, f.steps, f.copy_steps)}")
 
 
 if __name__ == "__main__":
   # flags only when run as a script: importing this module must not claim flag names
   flags.DEFINE_string("out_dir", models.DEFAULT_TOOLS_MODEL_DIR, "where to write the model")
-  flags.DEFINE_string("config", CONFIG, "the tool config it is for")
   flags.DEFINE_integer("steps", 200, "warm-start steps on the demonstrations")
   flags.DEFINE_integer("copy_steps", 1600, "copy-pretraining steps before them")
   app.run(main)

@@ -106,13 +106,14 @@ def shop(model_dir: str, config, steps: int) -> dict:
 def main(argv):
   del argv
   f = flags.FLAGS
-  print(f"wrote {build(f.out_dir, f.config, f.steps, f.max_words, f.shopper_steps)}")
+  # --config is rollx.cli's (rollx.recipes.warm_start imports it): the path is what counts
+  config_path = f["config"].config_filename if f["config"].present else CONFIG
+  print(f"wrote {build(f.out_dir, config_path, f.steps, f.max_words, f.shopper_steps)}")
 
 
 if __name__ == "__main__":
   # flags only when run as a script: importing this module must not claim flag names
   flags.DEFINE_string("out_dir", models.DEFAULT_WEBSHOP_MODEL_DIR, "where to write the model")
-  flags.DEFINE_string("config", CONFIG, "the WebShop config it is for")
   flags.DEFINE_integer("steps", STEPS, "warm-start steps on the random-play pages")
   flags.DEFINE_integer("max_words", MAX_WORDS, "shop words the tokenizer learns (0: none)")
   flags.DEFINE_integer("shopper_steps", 0, "steps on random-shopper transcripts after the "
