@@ -13,7 +13,8 @@ from absl import flags, logging
 import ml_collections
 from ml_collections import config_flags
 
-from rollx import checks, config as config_lib
+from rollx import checks
+from rollx.errors import ConfigError
 
 CONFIG = config_flags.DEFINE_config_file(
     "config", default=None, help_string="experiment config file, e.g. configs/frozenlake.py",
@@ -65,7 +66,7 @@ def load_config() -> ml_collections.ConfigDict:
          f"{type(e).__name__}: {e}")
   try:
     return checks.validate(config)
-  except config_lib.ConfigError as e:
+  except ConfigError as e:
     fail(str(e))
 
 

@@ -328,7 +328,7 @@ def compute_advantages(inputs: Arrays, config) -> Tuple[jax.Array, jax.Array]:
     raise ValueError(f"adv_estimator {config.adv_estimator!r} is not one of {sorted(ADVANTAGES)}")
   n, t = np.shape(inputs["response_mask"])
   gamma = config.get("episode_reward_gamma", 1.0)
-  if gamma < 1.0 and "episode_ids" in inputs:  # config.validate: step-wise rows only
+  if gamma < 1.0 and "episode_ids" in inputs:  # rollx.checks: step-wise rows only
     inputs = dict(inputs, episode_scores=jnp.asarray(discounted_episode_scores(
         inputs["scores"], inputs["episode_ids"], inputs["step_index"], gamma)))
   inputs = pad_rows(inputs, bucket(n, 64), bucket(t))
