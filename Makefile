@@ -21,9 +21,8 @@ train: $(STAMP)
 tensorboard: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir ./output/logs
 
-# two workers, one test file each at a time (tests/conftest.py): on 2 cores 1,180-1,270 s of
-# pytest on clean clones (619 tests, 2026-11-30), where the suite before its compile-time cut took
-# 1,474 s on the same host that day
+# two workers, one test file each at a time, longest first (tests/conftest.py): on 2 cores
+# 1,332 s of pytest on a clean clone (733 tests, 2026-12-07); three workers took as long
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
