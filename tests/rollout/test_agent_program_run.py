@@ -3,24 +3,13 @@
 LangGraph ReAct graph over langchain-openai, in Ray env workers, its model calls through
 each worker's OpenAI-compatible endpoint and recorded token-exactly for the trainer)."""
 
-import subprocess
-import sys
-
-from tests.conftest import ROOT
-from tests.test_pipeline import tb_scalars, train_env
+from tests.rollout.test_tool_loop import train_arithmetic
+from tests.test_pipeline import tb_scalars
 
 
 def test_one_training_step_of_the_shipped_langgraph_config(tmp_path):
   out = tmp_path / "run"
-  # a quarter of the config's training batch and a sixteenth of its validation set
-  smaller = ["--config.rollout_batch_size=8", "--config.train_env_manager.num_env_groups=2",
-             "--config.train_env_manager.group_size=4", "--config.val_batch_size=4",
-             "--config.val_env_manager.num_env_groups=4"]
-  result = subprocess.run(
-      [sys.executable, "-m", "rollx.train", "--config=configs/langgraph_arithmetic.py",
-       "--config.max_steps=1", *smaller, f"--config.output_dir={out}",
-       f"--config.logging_dir={out}/logs"],
-      cwd=ROOT, capture_output=True, text=True, timeout=480, env=train_env())
+  result = train_arithmetic("langgraph_arithmetic", 1, out)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "step 1/1" in result.stdout, result.stdout[-3000:]
   scalars = tb_scalars(out / "logs" / "langgraph_arithmetic_grpo")

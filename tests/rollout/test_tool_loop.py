@@ -318,6 +318,22 @@ def test_the_tool_model_recipe_runs_both_stages(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["tools"]  # the stages' directories are gone
 
 
+def train_arithmetic(config_name, steps, out):
+  """`python -m rollx.train --config=configs/<config_name>.py` for `steps` steps at a
+  quarter of its training batch and a sixteenth of its validation set (the suite's
+  minutes), everything written under `out`."""
+  from tests.conftest import ROOT
+  from tests.test_pipeline import train_env
+  smaller = ["--config.rollout_batch_size=8", "--config.train_env_manager.num_env_groups=2",
+             "--config.train_env_manager.group_size=4", "--config.val_batch_size=4",
+             "--config.val_env_manager.num_env_groups=4"]
+  return subprocess.run(
+      [sys.executable, "-m", "rollx.train", f"--config=configs/{config_name}.py",
+       f"--config.max_steps={steps}", *smaller, f"--config.output_dir={out}",
+       f"--config.logging_dir={out}/logs"],
+      cwd=ROOT, capture_output=True, text=True, timeout=480, env=train_env())
+
+
 def test_two_training_steps_of_the_shipped_tool_config(tmp_path):
   """`python -m rollx.train --config=configs/tool_arithmetic.py --config.max_steps=2`, as a
   user runs it (from the shipped tool-warm-started model), at a quarter of its training
@@ -326,17 +342,9 @@ def test_two_training_steps_of_the_shipped_tool_config(tmp_path):
   TensorBoard, and a later turn of a conversation continues its cached keys/values (KV
   reuse across turns) instead of prefilling the ~400-token system prompt and tool list
   again."""
-  from tests.conftest import ROOT
-  from tests.test_pipeline import tb_scalars, train_env
+  from tests.test_pipeline import tb_scalars
   out = tmp_path / "run"
-  smaller = ["--config.rollout_batch_size=8", "--config.train_env_manager.num_env_groups=2",
-             "--config.train_env_manager.group_size=4", "--config.val_batch_size=4",
-             "--config.val_env_manager.num_env_groups=4"]
-  result = subprocess.run(
-      [sys.executable, "-m", "rollx.train", "--config=configs/tool_arithmetic.py",
-       "--config.max_steps=2", *smaller, f"--config.output_dir={out}",
-       f"--config.logging_dir={out}/logs"],
-      cwd=ROOT, capture_output=True, text=True, timeout=480, env=train_env())
+  result = train_arithmetic("tool_arithmetic", 2, out)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "step 2/2" in result.stdout, result.stdout[-3000:]
   scalars = tb_scalars(out / "logs" / "tool_arithmetic_grpo")
