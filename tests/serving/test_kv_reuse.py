@@ -11,6 +11,7 @@ evicted least recently used first under a tiny budget; an ended trajectory's go 
 """
 
 import asyncio
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,21 +28,32 @@ from tests.serving.test_serving import CFG, MODEL, make_params
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+@functools.lru_cache(maxsize=None)
+def _default_policy():
+  # the shipped default model: trained weights, the logit scales of a real run; several
+  # query blocks per call. Loaded once for every case.
+  return models.load_model(None, attention_block=16)
+
+
+# jitted: eager op-by-op dispatch of the model made each case ~10x slower
+_FORWARD = jax.jit(llm.forward, static_argnums=0)
+_EXTEND = jax.jit(llm.extend, static_argnums=0)
+
+
 @pytest.mark.parametrize("cached,new", [(5, 9), (16, 16), (31, 2), (40, 1), (70, 60)])
 def test_extend_equals_a_full_prefill(cached, new):
-  # the shipped default model: trained weights, the logit scales of a real run
-  policy = models.load_model(None, attention_block=16)  # several query blocks per call
+  policy = _default_policy()
   model, params = policy.model, policy.params
   ids = np.random.default_rng(cached).integers(0, policy.config.vocab_size, cached + new)
-  want_logits = np.asarray(llm.forward(model, params, jnp.asarray(ids[None])))[0]
-  _, want_cache = llm.prefill(model, params, jnp.asarray(ids[None]), jnp.asarray([len(ids)]))
-  _, cache = llm.prefill(model, params, jnp.asarray(ids[None, :cached]), jnp.asarray([cached]))
+  want_logits = np.asarray(_FORWARD(model, params, jnp.asarray(ids[None])))[0]
+  _, want_cache = _PREFILL(model, params, jnp.asarray(ids[None]), jnp.asarray([len(ids)]))
+  _, cache = _PREFILL(model, params, jnp.asarray(ids[None, :cached]), jnp.asarray([cached]))
   cache = llm.pad_cache(cache, 256)
   width = 1 << max(4, (new - 1).bit_length())  # a bucket, padded
   tokens = np.zeros((1, width), np.int32)
   tokens[0, :new] = ids[cached:]
-  last, kv = llm.extend(model, params, jnp.asarray(tokens), jnp.asarray([cached]),
-                        jnp.asarray([new]), cache)
+  last, kv = _EXTEND(model, params, jnp.asarray(tokens), jnp.asarray([cached]),
+                     jnp.asarray([new]), cache)
   np.testing.assert_allclose(np.asarray(last)[0], want_logits[-1], rtol=0, atol=1e-5)
   np.testing.assert_allclose(np.asarray(kv.k)[:, 0, :, :new], np.asarray(want_cache.k)[:, 0, :, cached:],
                              rtol=0, atol=1e-5)
