@@ -40,8 +40,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   path = config.pretrain
   if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
     c.error("pretrain", f"{path!r} is not a Hugging Face model directory (no config.json)")
-  c.rule(config.reward_pretrain is None, "reward_pretrain", "reward models are not supported: "
-         "the envs score episodes (leave it unset)")
+  _rewards(c, config)
   _inert(c, config)
   _workers(c, config)
   rollout_checks.check_custom_envs(c, config)
@@ -116,6 +115,30 @@ def _lookup(cfg, path: str):
   for part in path.split("."):
     cfg = cfg[part]
   return cfg
+
+
+def _rewards(c: Checker, cfg):
+  path = cfg.reward_pretrain
+  if path is None:  # the env's reward is the only source: nothing else may be set
+    defaults = config_lib.default_config()
+    for key in ("reward_sources.env", "reward_sources.reward_model", "reward_batch_size"):
+      value, default = _lookup(cfg, key), _lookup(defaults, key)
+      c.rule(value == default, key, f"set, but there is no reward model (reward_pretrain is "
+             f"unset); leave it at {default!r}")
+    return
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    c.error("reward_pretrain", f"{path!r} is not a Hugging Face model directory (no config.json)")
+  c.rule(cfg.train_env_manager.env_manager_type != "step", "reward_pretrain",
+         "the reward model scores whole trajectories; step-wise rows "
+         "(train_env_manager.env_manager_type='step') are not scored")
+  for key in ("env", "reward_model"):
+    w = cfg.reward_sources[key]
+    c.rule(isinstance(w, (int, float)) and w >= 0, f"reward_sources.{key}",
+           f"a weight >= 0, got {w!r}")
+  c.rule(cfg.reward_sources.env + cfg.reward_sources.reward_model > 0, "reward_sources",
+         "every weight is 0: nothing to learn from")
+  c.rule(is_int(cfg.reward_batch_size) and cfg.reward_batch_size >= 1, "reward_batch_size",
+         f"must be an integer >= 1, got {cfg.reward_batch_size!r}")
 
 
 def _inert(c: Checker, cfg):

@@ -177,8 +177,13 @@ def default_config() -> ml_collections.ConfigDict:
       warm_start_steps=0,
       # True: the warm start's loss on answers only, not spent on long pages (WebShop)
       warm_start_responses_only=False,
-      # reward model HF dir: unsupported (the envs score episodes); must stay unset
+      # -- rewards -------------------------------------------------------------
+      # a reward model: a local AutoModelForSequenceClassification directory (Qwen2 /
+      # Llama, the policy's tokenizer) scoring each trajectory (rollx.rewards)
       reward_pretrain=config_dict.placeholder(str),
+      reward_batch_size=8,  # trajectories the reward model scores at once
+      # what the policy learns from, summed; env=0: the reward model alone
+      reward_sources=_cd(env=1.0, reward_model=1.0),
       # -- rollout -------------------------------------------------------------
       rollout_batch_size=64,  # trajectories per training step (a multiple of group_size)
       val_batch_size=16,  # trajectories per validation

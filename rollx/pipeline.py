@@ -2,7 +2,8 @@
 
     1. weight sync learner -> servers (every actor_train.model_update_frequency steps)
     2. validation rollout every eval_steps (greedy, unseen levels), frames saved
-    3. train rollout: get_batch(rollout_batch_size) -> whole groups; with
+    3. train rollout: get_batch(rollout_batch_size) -> whole groups, their rewards from
+       the env and a reward model (reward_pretrain, rollx.rewards); with
        drop_zero_advantage_samples the advantages come now (no model needed) and only
        samples with a policy gradient go on; dynamic sampling plays more episodes, up to
        max_rollout_rounds batches, while fewer than min_informative_groups carry one
@@ -33,6 +34,7 @@ from rollx.errors import RolloutError
 from rollx.models import hf
 from rollx.rollout.render import save_episode_frames
 from rollx.rollout.scheduler import episode_metrics
+from rollx.rewards.reward_model import RewardSources
 from rollx.rollout.types import RolloutBatch, collate
 from rollx.serving.client import RolloutClient
 from rollx.tools import sandbox
@@ -54,6 +56,13 @@ class AgenticPipeline:
     policy = models.load_model(c.pretrain)
     self.tokenizer = hf.load_tokenizer(policy.model_dir)
     self.learner = Learner(c, policy)
+    self.rewards = RewardSources(c)
+    if self.rewards.reward_model is not None and (
+        self.rewards.reward_model.config.vocab_size != policy.config.vocab_size):
+      raise hf.CheckpointError(
+          f"reward_pretrain: {c.reward_pretrain} has vocab_size "
+          f"{self.rewards.reward_model.config.vocab_size}, the policy "
+          f"{policy.config.vocab_size}: a reward model reads the policy's tokens")
     self.step = 0
     self._finished_streams: Optional[Dict[str, dict]] = None  # set as each step starts
     self.servers = cluster.start_servers(c)
@@ -140,6 +149,8 @@ class AgenticPipeline:
     batch, rollout_metrics = self.train_rollout.get_batch(c.rollout_batch_size)
     metrics["time/rollout"] = time.time() - t
     metrics.update(rollout_metrics)
+    self.rewards.new_step()
+    batch = self._rewarded(batch, metrics)
     samples = {k: getattr(batch, k) for k in ("input_ids", "segment_ids", "response_mask",
                                               "behaviour_logp", "token_versions")}
     if not c.drop_zero_advantage_samples:
@@ -159,7 +170,8 @@ class AgenticPipeline:
       t = time.time()
       more, _ = self.train_rollout.get_batch(c.rollout_batch_size)
       metrics["time/rollout"] += time.time() - t
-      batch = collate(batch.trajectories + more.trajectories, c.sequence_length)
+      batch = self._rewarded(collate(batch.trajectories + more.trajectories,
+                                     c.sequence_length), metrics)
       adv, returns = adv_lib.for_batch(batch, {"response_mask": batch.response_mask}, c)
       has_gradient = np.asarray(adv_lib.informative(adv))
       rounds += 1
@@ -172,6 +184,15 @@ class AgenticPipeline:
     keep = adv_lib.samples_to_train(has_gradient)
     samples = {k: getattr(batch, k)[keep] for k in samples}
     return batch, samples, adv[keep], returns[keep]
+
+  def _rewarded(self, batch: RolloutBatch, metrics: Dict[str, float]) -> RolloutBatch:
+    """The batch with the rewards it learns from (rollx.rewards: env and reward model)."""
+    t = time.time()
+    batch, reward_metrics = self.rewards.apply(batch)
+    if reward_metrics:
+      metrics.update(reward_metrics)
+      metrics["time/reward_model"] = metrics.get("time/reward_model", 0.0) + time.time() - t
+    return batch
 
   def train_step(self) -> Dict[str, float]:
     c, t0 = self.config, time.time()

@@ -15,8 +15,11 @@ VARIANTS = {
 }
 
 
-def make_hf_model(tmp_dir, variant="qwen2_gqa_untied", seed=0, **extra):
+def make_hf_model(tmp_dir, variant="qwen2_gqa_untied", seed=0, head="CausalLM", **extra):
+  """`head="SequenceClassification"`: the variant's trunk with a `score` head (a reward
+  model as AutoModelForSequenceClassification writes it; `num_labels=` in `extra`)."""
   cfg_cls, model_cls, overrides = VARIANTS[variant]
+  model_cls = model_cls.replace("CausalLM", head)
   kwargs = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                 num_attention_heads=4, max_position_embeddings=256, rms_norm_eps=1e-6,
                 eos_token_id=100, bos_token_id=None, pad_token_id=0)
@@ -30,6 +33,21 @@ def make_hf_model(tmp_dir, variant="qwen2_gqa_untied", seed=0, **extra):
     for p in model.parameters():
       p.normal_(0.0, 0.1)
   model.eval()
-  path = str(tmp_dir / variant)
+  path = str(tmp_dir / (variant if head == "CausalLM" else f"{variant}_{head}"))
   model.save_pretrained(path)
   return model, path
+
+
+def default_trunk_reward_model(out, seed=0):
+  """A reward model reading the shipped default's tokens: its trunk and a random `score`
+  head, written as a sequence-classification directory."""
+  import dataclasses
+  import numpy as np
+  from rollx import models
+  from rollx.models import hf
+  cfg = hf.load_model_config(models.DEFAULT_MODEL_DIR)
+  params = hf.load_params(models.DEFAULT_MODEL_DIR, cfg)
+  params.pop("lm_head", None)
+  params["score_head"] = np.random.default_rng(seed).normal(
+      0.0, 1.0, (cfg.hidden_size, 1)).astype(np.float32)
+  return hf.save_pretrained(params, dataclasses.replace(cfg, num_labels=1), str(out))

@@ -83,7 +83,6 @@ ONE_VALUE = [
     ("actor_train.model_args.attn_implementation", "fa2", "not one of xla"),
     ("actor_infer.generating_args.num_return_sequences", 4, "must be 1"),
     ("actor_infer.val_generating_args.num_return_sequences", 2, "must be 1"),
-    ("reward_pretrain", "/tmp", "reward models are not supported"),
 ]
 
 

@@ -6,6 +6,7 @@ import atexit
 import http.server
 import json
 import os
+import pathlib
 import shlex
 import shutil
 import signal
@@ -22,6 +23,8 @@ import pytest
 from rollx import checks, config as config_lib
 from rollx import hostmem
 from tests.conftest import ROOT
+from tests.hf_fixtures import default_trunk_reward_model
+from tests.test_pipeline import tb_scalars
 
 LAUNCH = os.path.join(ROOT, "launch")
 SCRIPTS = sorted(f for f in os.listdir(LAUNCH) if f.endswith(".sh"))
@@ -476,8 +479,12 @@ print(json.dumps({"nodes": sorted(labels.values()), "actors": actors}))
 def test_local_ray_cluster_hosts_the_env_workers_of_a_training_run():
   """launch/node.sh ray-start as host 0 (head) and host 1 (worker) on 127.0.0.1, then
   launch/node.sh train: env workers must run on the worker node (its rollx_worker
-  label), the JetStream server on the head (rollx_head)."""
+  label), the JetStream server on the head (rollx_head).
+
+  The run (trajectory-wise FrozenLake) also learns from a reward model alone
+  (reward_pretrain, the env's reward weighted 0): the step's rewards are its scores."""
   temp = tempfile.mkdtemp(prefix="rlx", dir="/tmp")  # short: Ray's unix sockets live here
+  reward_model = default_trunk_reward_model(os.path.join(temp, "reward_model"))
   marker = f"ROLLX_TEST_CLUSTER={uuid.uuid4().hex}"
   token = os.path.join(temp, "token")
   with open(token, "w") as f:
@@ -505,15 +512,21 @@ def test_local_ray_cluster_hosts_the_env_workers_of_a_training_run():
     run = subprocess.run(
         ["bash", "launch/node.sh", "train", "--index=0", "--num-hosts=1",
          "--head-address=127.0.0.1", f"--ray-port={port}", f"--python={sys.executable}", "--",
-         "--config=configs/frozenlake.py", f"--config.output_dir={out}",
+         "--config=configs/frozenlake.py:multiturn", f"--config.output_dir={out}",
          f"--config.logging_dir={out}/logs", f"--config.render_save_dir={out}/render",
-         *SMALL_RUN], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
+         *SMALL_RUN, f"--config.reward_pretrain={reward_model}",
+         "--config.reward_sources.env=0.0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
         check=False)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "step 1/1" in run.stdout
     # the command node.sh ran: one JAX process, joined to our cluster
     assert f"--config.ray_address=127.0.0.1:{port}" in run.stderr
     assert os.path.isdir(os.path.join(out, "checkpoints", "1"))
+    scalars = tb_scalars(pathlib.Path(out, "logs", "frozenlake_multiturn_grpo"))
+    assert {"reward/env", "reward/reward_model", "reward/reward_model/FrozenLake",
+            "time/reward_model"} <= set(scalars), sorted(scalars)
+    # a random score head: scores far from the env's 0/1, and what the step learned from
+    assert scalars["reward/reward_model"][0] != scalars["reward/env"][0]
 
     probe = subprocess.run([sys.executable, "-c", _ACTORS, f"127.0.0.1:{port}"], cwd=ROOT,
                            env=dict(env, RAY_AUTH_MODE="token"), capture_output=True, text=True,

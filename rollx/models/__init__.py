@@ -41,9 +41,15 @@ def model_name(pretrain: Optional[str]) -> str:
 
 def load_model(pretrain: Optional[str], dtype: str = "fp32", remat: bool = False,
                head: str = "lm", attention_block: int = llm.ATTENTION_BLOCK) -> LoadedModel:
-  """The policy (`head='lm'`) or critic (`head='value'`, trunk from the policy checkpoint)."""
+  """The policy (`head='lm'`), critic (`head='value'`, trunk from the policy checkpoint)
+  or reward model (`head='score'`, a sequence-classification checkpoint)."""
   model_dir = resolve_model_dir(pretrain)
   config = hf.load_model_config(model_dir)
+  if (head == "score") != bool(config.num_labels):
+    raise hf.CheckpointError(
+        f"{model_dir}: a {'causal LM' if head == 'score' else 'sequence-classification'} "
+        f"checkpoint where a {'reward model' if head == 'score' else 'policy or critic'} "
+        "is expected (a reward model is an AutoModelForSequenceClassification directory)")
   params = hf.load_params(model_dir, config)
   if head == "value":
     params = hf.critic_params_from_policy(params)

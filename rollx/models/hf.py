@@ -20,6 +20,11 @@ from rollx.models.llm import ModelConfig
 
 SUPPORTED = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 _MODEL_TYPE_TO_ARCH = {v: k for k, v in SUPPORTED.items()}
+# Reward models as transformers' AutoModelForSequenceClassification writes them: the
+# causal LM's trunk, a bias-free `score` linear head in place of `lm_head`.
+SEQUENCE_CLASSIFICATION = {"Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
+                           "LlamaForSequenceClassification": "LlamaForCausalLM"}
+_SCORED_NAME = {v: k for k, v in SEQUENCE_CLASSIFICATION.items()}
 # Buffers some checkpoints carry that are recomputed, not learned.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -43,12 +48,22 @@ def load_model_config(model_dir: str) -> ModelConfig:
   raw = _read_json(path)
   archs = raw.get("architectures") or []
   arch = next((a for a in archs if a in SUPPORTED), None)
+  scored = next((a for a in archs if a in SEQUENCE_CLASSIFICATION), None)
+  num_labels = 0
+  if arch is None and scored is not None:
+    arch = SEQUENCE_CLASSIFICATION[scored]
+    # transformers stores the label count as id2label; num_labels where a writer put it
+    labels = raw.get("id2label")
+    num_labels = len(labels) if isinstance(labels, dict) and labels else int(
+        raw.get("num_labels", 2))
+    if num_labels < 1:
+      raise CheckpointError(f"{path}: {scored} with no labels (id2label / num_labels)")
   if arch is None:
     arch = _MODEL_TYPE_TO_ARCH.get(raw.get("model_type", ""))
   if arch is None:
     raise CheckpointError(
         f"{path}: architectures={archs} / model_type={raw.get('model_type')!r} is not "
-        f"supported; rollx loads {', '.join(SUPPORTED)}")
+        f"supported; rollx loads {', '.join([*SUPPORTED, *SEQUENCE_CLASSIFICATION])}")
 
   def field(name, default=None, required=False):
     if name not in raw or raw[name] is None:
@@ -92,6 +107,7 @@ def load_model_config(model_dir: str) -> ModelConfig:
         bos_token_id=field("bos_token_id"),
         eos_token_id=eos[0] if isinstance(eos, list) else eos,
         pad_token_id=field("pad_token_id"),
+        num_labels=num_labels,
     )
   except ValueError as e:
     raise CheckpointError(f"{path}: {e}") from None
@@ -210,14 +226,17 @@ def load_params(model_dir: str, cfg: Optional[ModelConfig] = None):
       "layers": {k: np.stack(v) for k, v in layers.items()},
       "norm": get("model.norm.weight", (cfg.hidden_size,)),
   }
-  if cfg.tie_word_embeddings:
+  if cfg.num_labels:
+    params["score_head"] = get("score.weight", (cfg.num_labels, cfg.hidden_size)).T
+  elif cfg.tie_word_embeddings:
     used.add("lm_head.weight")  # some tied checkpoints store a copy; it is not used
   else:
     params["lm_head"] = get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)).T
   unexpected = sorted(n for n in tensors if n not in used and not n.endswith(_IGNORED_SUFFIXES))
   if unexpected:
     raise CheckpointError(f"{model_dir}: unexpected tensor {unexpected[0]!r} "
-                          f"({len(unexpected)} unexpected in all) for {cfg.architecture}")
+                          f"({len(unexpected)} unexpected in all) for "
+                          f"{_SCORED_NAME[cfg.architecture] if cfg.num_labels else cfg.architecture}")
   return params
 
 
@@ -245,6 +264,10 @@ def hf_config_dict(cfg: ModelConfig) -> Dict[str, Any]:
       "dtype": "float32",
       "use_cache": True,
   }
+  if cfg.num_labels:
+    out["architectures"] = [_SCORED_NAME[cfg.architecture]]
+    out["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
+    out["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
   if cfg.architecture == "LlamaForCausalLM":
     out.update(attention_bias=cfg.o_bias, mlp_bias=False)
   else:
@@ -272,7 +295,9 @@ def to_hf_tensors(params, cfg: ModelConfig) -> Dict[str, np.ndarray]:
       elif ours.endswith("_bias"):
         w = w.reshape(-1)
       out[hf_name] = np.ascontiguousarray(w)
-  if not cfg.tie_word_embeddings:
+  if cfg.num_labels:
+    out["score.weight"] = np.ascontiguousarray(np.asarray(params["score_head"], np.float32).T)
+  elif not cfg.tie_word_embeddings:
     out["lm_head.weight"] = np.ascontiguousarray(np.asarray(params["lm_head"], np.float32).T)
   return out
 

@@ -50,6 +50,9 @@ class ModelConfig:
   bos_token_id: Optional[int] = None
   eos_token_id: Optional[int] = None
   pad_token_id: Optional[int] = None
+  # > 0: a sequence-classification checkpoint (`*ForSequenceClassification`): the trunk
+  # of `architecture` with a `score` head of this many outputs, and no LM head
+  num_labels: int = 0
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -61,7 +64,8 @@ class ModelConfig:
     d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
     attn = d * hd * (2 * self.num_heads + 2 * self.num_kv_heads)
     per_layer = attn + 3 * d * f + 2 * d
-    head = 0 if self.tie_word_embeddings else d * self.vocab_size
+    head = (d * self.num_labels if self.num_labels else
+            0 if self.tie_word_embeddings else d * self.vocab_size)
     return self.vocab_size * d + self.num_layers * per_layer + d + head
 
 
@@ -260,7 +264,8 @@ def run_layers(config: ModelConfig, dtype, remat: bool, layer_params, x_btd, cos
 
 
 class Transformer(nn.Module):
-  """Decoder trunk + head. `head='lm'` gives logits `[B,T,V]`, `'value'` values `[B,T]`.
+  """Decoder trunk + head. `head='lm'` gives logits `[B,T,V]`, `'value'` values `[B,T]`,
+  `'score'` a sequence-classification head's outputs `[B,T,num_labels]`.
 
   `layers_fn(layer_params, x, cos, sin, mask) -> x`, when set, replaces the scanned
   layer stack in training forwards (the pipeline schedule plugs in here);
@@ -320,6 +325,10 @@ class Transformer(nn.Module):
       w = self.param("value_head", nn.initializers.zeros, (cfg.hidden_size,), jnp.float32)
       b = self.param("value_bias", nn.initializers.zeros, (), jnp.float32)
       out = jnp.einsum("btd,d->bt", x.astype(jnp.float32), w) + b
+    elif self.head == "score":
+      w = self.param("score_head", nn.initializers.normal(cfg.initializer_range),
+                     (cfg.hidden_size, cfg.num_labels), jnp.float32)
+      out = jnp.einsum("btd,dl->btl", x.astype(jnp.float32), w)
     elif cfg.tie_word_embeddings:
       out = jnp.einsum("btd,vd->btv", x, embed.astype(self.dtype),
                        preferred_element_type=jnp.float32)

@@ -1,0 +1,1 @@
+"""Rewards from models: a scalar reward model scoring token sequences."""
