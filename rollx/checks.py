@@ -15,11 +15,12 @@ import os
 
 import ml_collections
 
-from rollx import cluster_checks
+from rollx import cluster_checks, models
 from rollx import config as config_lib
 from rollx.algos import checks as algos_checks
 from rollx.config_check import Checker, check_type, did_you_mean, is_int, type_name
 from rollx.errors import ConfigError
+from rollx.models import hf
 from rollx.parallel import checks as parallel_checks
 from rollx.rollout import checks as rollout_checks
 from rollx.rollout.env_manager import check_env_managers
@@ -128,6 +129,19 @@ def _rewards(c: Checker, cfg):
     return
   if not os.path.isfile(os.path.join(path, "config.json")):
     c.error("reward_pretrain", f"{path!r} is not a Hugging Face model directory (no config.json)")
+  else:  # config.json alone: cheap, and a wrong directory fails before Ray starts
+    try:
+      scorer = hf.load_model_config(path)
+      policy = hf.load_model_config(models.resolve_model_dir(cfg.pretrain))
+    except hf.CheckpointError as e:
+      c.error("reward_pretrain", str(e))
+    else:
+      c.rule(scorer.num_labels > 0, "reward_pretrain",
+             f"{path} is a causal LM ({scorer.architecture}); a reward model is a "
+             "sequence-classification directory (AutoModelForSequenceClassification)")
+      c.rule(scorer.vocab_size == policy.vocab_size, "reward_pretrain",
+             f"{path} has vocab_size {scorer.vocab_size}, the policy {policy.vocab_size}: "
+             "a reward model reads the policy's tokens")
   c.rule(cfg.train_env_manager.env_manager_type != "step", "reward_pretrain",
          "the reward model scores whole trajectories; step-wise rows "
          "(train_env_manager.env_manager_type='step') are not scored")

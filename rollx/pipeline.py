@@ -56,13 +56,7 @@ class AgenticPipeline:
     policy = models.load_model(c.pretrain)
     self.tokenizer = hf.load_tokenizer(policy.model_dir)
     self.learner = Learner(c, policy)
-    self.rewards = RewardSources(c)
-    if self.rewards.reward_model is not None and (
-        self.rewards.reward_model.config.vocab_size != policy.config.vocab_size):
-      raise hf.CheckpointError(
-          f"reward_pretrain: {c.reward_pretrain} has vocab_size "
-          f"{self.rewards.reward_model.config.vocab_size}, the policy "
-          f"{policy.config.vocab_size}: a reward model reads the policy's tokens")
+    self.rewards = RewardSources(c)  # checks.validate matched it to the policy's tokens
     self.step = 0
     self._finished_streams: Optional[Dict[str, dict]] = None  # set as each step starts
     self.servers = cluster.start_servers(c)

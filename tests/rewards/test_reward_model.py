@@ -13,7 +13,7 @@ from rollx import models
 from rollx.models import hf
 from rollx.rewards.reward_model import RewardModel
 from tests.conftest import ROOT
-from tests.hf_fixtures import make_hf_model
+from tests.hf_fixtures import default_trunk_reward_model, make_hf_model
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -141,16 +141,20 @@ def test_without_a_reward_model_the_batch_is_the_envs():
     (dict(reward_pretrain="REWARD", reward_sources=dict(env=0.0, reward_model=0.0)),
      "reward_sources", "nothing to learn from"),
     (dict(reward_pretrain="REWARD", reward_batch_size=0), "reward_batch_size", ">= 1"),
+    (dict(reward_pretrain="POLICY"), "reward_pretrain", "is a causal LM (Qwen2ForCausalLM)"),
+    (dict(reward_pretrain="OTHER_VOCAB"), "reward_pretrain", "has vocab_size 101, the policy"),
 ])
 def test_reward_key_errors_name_the_key(tmp_path, set_keys, key, match):
   from rollx import checks, config as config_lib
-  _, path = make_hf_model(tmp_path, head=HEAD, num_labels=1)
+  dirs = {"REWARD": default_trunk_reward_model(tmp_path / "reward"),
+          "POLICY": models.DEFAULT_MODEL_DIR,
+          "OTHER_VOCAB": make_hf_model(tmp_path, head=HEAD, num_labels=1)[1]}
   c = config_lib.default_config()
   for k, v in set_keys.items():
     if isinstance(v, dict):
       c[k].update(v)
     else:
-      c[k] = path if v == "REWARD" else v
+      c[k] = dirs.get(v, v)
   with pytest.raises(config_lib.ConfigError) as e:
     checks.validate(c)
   errors = dict(e.value.errors)
@@ -159,7 +163,7 @@ def test_reward_key_errors_name_the_key(tmp_path, set_keys, key, match):
 
 def test_step_wise_rows_with_a_reward_model_are_a_named_error(tmp_path):
   from rollx import checks, config as config_lib
-  _, path = make_hf_model(tmp_path, head=HEAD, num_labels=1)
+  path = default_trunk_reward_model(tmp_path / "reward")
   c = config_lib.load_file(f"{ROOT}/configs/frozenlake.py:multiturn")  # trajectory-wise: fine
   c.reward_pretrain = path
   checks.validate(c)
