@@ -132,10 +132,15 @@ def _rewards(c: Checker, cfg):
   else:  # config.json alone: cheap, and a wrong directory fails before Ray starts
     try:
       scorer = hf.load_model_config(path)
-      policy = hf.load_model_config(models.resolve_model_dir(cfg.pretrain))
     except hf.CheckpointError as e:
       c.error("reward_pretrain", str(e))
-    else:
+      scorer = None
+    try:
+      policy = hf.load_model_config(models.resolve_model_dir(cfg.pretrain))
+    except hf.CheckpointError as e:
+      c.error("pretrain", str(e))
+      policy = None
+    if scorer is not None and policy is not None:
       c.rule(scorer.num_labels > 0, "reward_pretrain",
              f"{path} is a causal LM ({scorer.architecture}); a reward model is a "
              "sequence-classification directory (AutoModelForSequenceClassification)")
