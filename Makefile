@@ -22,8 +22,7 @@ tensorboard: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir ./output/logs
 
 # two workers, one test file each at a time, longest first (tests/conftest.py): on 2 cores
-# 1,692 s of pytest on a clean clone (746 tests, 2026-12-07, a slow day for this host;
-# 733 of them took 1,332 s on a faster day); three workers took as long
+# 1,692 s of pytest on a clean clone (746 tests, 2026-12-07); three workers took no less
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 

@@ -20,8 +20,8 @@ loses nothing a policy needs). GiGPO (Feng et al. 2025) compares steps taken on 
 same page across a group's episodes, as in its WebShop results. Validation
 instructions come from products no training instruction names (split="validation").
 The start is the tool model with the shop's words in its vocabulary, warm started on
-random play (no reward, no task signal). What the start measured, why each setting and
-what was tried and not shipped (reward shaping, a shopper start): docs/webshop_recipe.md.
+random play (no reward, no task signal). Why each setting, and what the start
+measures: docs/webshop_recipe.md.
 """
 
 import os

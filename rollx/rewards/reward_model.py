@@ -19,13 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from rollx import models
+from rollx.algos.advantages import bucket
 from rollx.models import llm
 
 MIN_BUCKET = 16
-
-
-def _bucket(length: int) -> int:
-  return max(MIN_BUCKET, 1 << (length - 1).bit_length())
 
 
 @functools.partial(jax.jit, static_argnames="model")
@@ -56,7 +53,7 @@ class RewardModel:
     order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
     for start in range(0, len(order), self.batch_size):
       rows = order[start:start + self.batch_size]
-      width = _bucket(len(sequences[rows[0]]))
+      width = bucket(len(sequences[rows[0]]), MIN_BUCKET)
       tokens = np.zeros((self.batch_size, width), np.int32)
       lengths = np.ones((self.batch_size,), np.int32)  # filler rows: one pad token
       for r, i in enumerate(rows):
