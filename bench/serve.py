@@ -38,6 +38,13 @@ server has slots (`--chains 64 --slots 32`), each env step taking `--env-ms` (20
 the next turn: KV reuse with the prefix store (`prefix_cache_tokens`, room for every
 conversation) vs the slots alone, on two fresh servers in this process: prefill tokens
 per turn, generated tokens/s and the ratio of the times (slots alone / store).
+
+`--workload longcache` is short conversations in long allocations: `--slots` requests of
+32 prompt ids and `--max-new-tokens` answers at once, on servers whose `max_cache_length`
+is 512 and 4096 (alternated `--repeats` times): a decode step reads the cache up to the
+busy slots' positions, so the time per generated token should not depend on the
+allocation (ratio 4096 / 512 ~1). For scale it also times the 4096 server reading its
+whole allocation every step, as decode did before.
 """
 
 import argparse
@@ -66,7 +73,7 @@ def main():
   p.add_argument("--requests", type=int, default=256)
   p.add_argument("--max-new-tokens", type=int, default=32)
   p.add_argument("--slots", type=int, default=64)
-  p.add_argument("--workload", choices=("decode", "rollout", "multiturn", "store"),
+  p.add_argument("--workload", choices=("decode", "rollout", "multiturn", "store", "longcache"),
                  default="decode")
   p.add_argument("--env-ms", type=float, default=20.0, help="store: an env step's time")
   p.add_argument("--chains", type=int, default=None, help="default 128 (rollout), 64 (multiturn)")
@@ -87,6 +94,8 @@ def main():
     return multiturn(loaded, args)
   if args.workload == "store":
     return store(loaded, args)
+  if args.workload == "longcache":
+    return longcache(loaded, args)
   rng = np.random.default_rng(0)
   vocab = loaded.config.vocab_size
   if args.workload == "rollout":
@@ -288,6 +297,47 @@ def store(loaded, args):
         f"-> {kept_prefill:.0f}, {made / alone:.0f} -> {made / kept:.0f} generated tok/s, "
         f"{alone:.1f} s -> {kept:.1f} s per batch")
   print(f"prefix store vs the slots alone: ratio {alone / kept:.2f}x")
+
+
+def decode_seconds(loaded, prompts, n_new, slots, cache_length, whole_allocation=False):
+  """Seconds per generated token of `prompts` (all at once, greedy) on a fresh server."""
+  engine = RollxEngine(loaded.model, loaded.params, max_concurrent_decodes=slots,
+                       max_prefill_length=32, max_cache_length=cache_length,
+                       sampling={"train": Sampling(0.0), "val": Sampling(0.0)})
+  if whole_allocation:  # the decode step before it read live lengths only
+    engine._read_buckets = (cache_length,)
+  engine.warmup((32,))  # compiles are not timed
+  server = RolloutServer(engine)
+
+  async def go():
+    client = RolloutClient([server.address])
+    out = await asyncio.gather(*(client.generate(f"r{i}", p, n_new)
+                                 for i, p in enumerate(prompts)))
+    await client.close()
+    return sum(len(g.token_ids) for g in out)
+
+  start = time.perf_counter()
+  made = asyncio.run(go())
+  seconds = time.perf_counter() - start
+  server.stop()
+  assert made == len(prompts) * n_new
+  return seconds / made
+
+
+def longcache(loaded, args):
+  """Decode time per token, 4096- vs 512-token allocations (see the module doc)."""
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(3, loaded.config.vocab_size, 32).tolist() for _ in range(args.slots)]
+  n_new, times = args.max_new_tokens, {512: [], 4096: [], "whole": []}
+  for _ in range(args.repeats):
+    for cache_length in (512, 4096):
+      times[cache_length].append(decode_seconds(loaded, prompts, n_new, args.slots, cache_length))
+  times["whole"].append(decode_seconds(loaded, prompts, n_new, args.slots, 4096, True))
+  short, long, whole = (min(times[k]) * 1e3 for k in (512, 4096, "whole"))
+  print(f"{jax.devices()[0].device_kind}: {args.slots} requests of 32 + {n_new} tokens: "
+        f"{short:.2f} ms a token at max_cache_length 512, {long:.2f} ms at 4096 "
+        f"({whole:.2f} ms reading the whole 4096 allocation every step)")
+  print(f"decode time per token, 4096- vs 512-token allocation: ratio {long / short:.2f}x")
 
 
 if __name__ == "__main__":

@@ -306,6 +306,11 @@ class Transformer(nn.Module):
       new_cache = (None, None)
     else:
       layer_cache = None if cache is None else (cache.k, cache.v)
+      if cache is not None and tokens_bt.shape[1] == 1:
+        # decode reads the cache only up to the mask's width (`decode_step`'s `read_len`):
+        # the positions any row attends to, not the whole allocation
+        read = mask_bts.shape[-1]
+        layer_cache = (cache.k[:, :, :, :read], cache.v[:, :, :, :read])
       x, new_cache = layers(x, cos, sin, mask_bts, layer_cache, cache_index_b)
       if cache is not None and tokens_bt.shape[1] == 1:  # decode: write each row's new k/v
         rows = jnp.arange(tokens_bt.shape[0])
@@ -402,10 +407,15 @@ def extend(model: Transformer, params, tokens_bt: Array, start_b: Array, length_
 
 
 def decode_step(model: Transformer, params, tokens_b: Array, positions_b: Array,
-                cache: KVCache):
+                cache: KVCache, read_len: Optional[int] = None):
   """One token per row at `positions_b` against `cache` [L,B,K,S,hd]; returns (logits_bv, cache)
-  with the token's keys/values written at `positions_b`."""
-  s = cache.k.shape[3]
+  with the token's keys/values written at `positions_b`.
+
+  `read_len` (static, <= S): attention reads only cache positions [0, read_len), so a
+  step costs the conversations' length, not the allocation's. Rows whose position
+  exceeds it get wrong logits (a caller passes the largest live row's position or more);
+  every row's keys/values are still written at its position."""
+  s = cache.k.shape[3] if read_len is None else min(int(read_len), cache.k.shape[3])
   mask = (jnp.arange(s)[None, :] < positions_b[:, None])[:, None, :]  # earlier tokens only
   logits, cache = model.apply({"params": params}, tokens_b[:, None], positions_b[:, None], mask,
                               cache, positions_b)

@@ -281,6 +281,7 @@ class GenerateLoop:
       r.token_versions = self.engine.versions_of(r.first_step, len(r.token_ids))
       # before its slot is given to anyone: the next turn may continue from it
       self.engine.finish(r, r.token_ids)
+    self.engine.release_slot(r.slot)
     self._free.put(r.slot)
     ended.append(r)
 

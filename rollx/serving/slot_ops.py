@@ -13,6 +13,7 @@ drop it.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -105,14 +106,16 @@ def prefill_into_slots(model: llm.Transformer, base_key: jax.Array, params, stat
 
 def extend_into_slots(model: llm.Transformer, base_key: jax.Array, params, state: SlotState,
                       tokens_nt, start_n, length_n, slot_n, temp_n, top_p_n, top_k_n,
-                      seed_n) -> SlotState:
+                      seed_n, read_len: Optional[int] = None) -> SlotState:
   """Continues n conversations whose slots hold their first `start` ids' keys/values:
-  the new ids are prefilled onto them at positions start, start + 1, ... (llm.extend)."""
+  the new ids are prefilled onto them at positions start, start + 1, ... (llm.extend).
+  `read_len` (static, >= every start): the cached positions read, not the allocation."""
   slots, s = state.cache.k.shape[1], state.cache.k.shape[3]
   k, v = state.cache.k, state.cache.v
   rows = jnp.minimum(slot_n, slots - 1)
+  read = s if read_len is None else min(int(read_len), s)
   logits, new = llm.extend(model, params, tokens_nt, start_n, length_n,
-                           llm.KVCache(k[:, rows], v[:, rows]))
+                           llm.KVCache(k[:, rows, :, :read], v[:, rows, :, :read]))
   t = tokens_nt.shape[1]
   pos_nt = jnp.minimum(start_n[:, None] + jnp.arange(t)[None, :], s)  # s: dropped
   # [L, n, K, T, hd] -> [n, T, L, K, hd]: the advanced indices (slot, position) first
@@ -131,9 +134,10 @@ def move_slot(state: SlotState, source, slot) -> SlotState:
 
 
 def decode_slots(model: llm.Transformer, stop_ids: jax.Array, params, state: SlotState,
-                 logp_totals):
+                 logp_totals, read_len: Optional[int] = None):
   """One generate step for every slot: samples a token from its stored logits and feeds
-  it through the model (next logits, cache write).
+  it through the model (next logits, cache write). `read_len` (static): the cache
+  positions attention reads (`llm.decode_step`), at least every live slot's position.
 
   Returns (the new state, data [S, 4] int32: token, valid, length and the behaviour
   log-prob's float32 bits, logp_totals + [sum of the emitted tokens' log-probs, their
@@ -144,7 +148,7 @@ def decode_slots(model: llm.Transformer, stop_ids: jax.Array, params, state: Slo
   valid = ~state.done
   lengths = state.lengths + 1
   done = state.done | jnp.isin(tokens, stop_ids)
-  logits, cache = llm.decode_step(model, params, tokens, state.pos, state.cache)
+  logits, cache = llm.decode_step(model, params, tokens, state.pos, state.cache, read_len)
   new = dataclasses.replace(
       state, cache=cache, logits=logits.astype(jnp.float32),
       pos=jnp.minimum(state.pos + 1, state.cache.k.shape[3] - 1), lengths=lengths, done=done)

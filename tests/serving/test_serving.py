@@ -239,6 +239,40 @@ def test_depth_0_reads_every_step_before_the_next():
   assert engine.num_steps == 6
 
 
+def test_decode_reads_the_smallest_cache_bucket_holding_the_busy_slots():
+  engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=2, max_prefill_length=128,
+                       max_cache_length=1024, sampling={"train": Sampling(0.0), "val": Sampling(0.0)})
+  reads = []
+  decode = engine._generate
+  engine._generate = lambda *a, read_len: (reads.append(read_len), decode(*a, read_len=read_len))[1]
+  srv = RolloutServer(engine, detokenize_depth=0)
+  crossing, short = prompts(1, seed=7, lengths=(110,))[0], [3, 1, 4, 1, 5]
+  try:
+    async def go():
+      client = RolloutClient([srv.address])
+      # 110 prompt ids + 40 tokens: its positions cross from the 128 bucket into 256
+      out = await asyncio.gather(client.generate("x", crossing, 40),
+                                 client.generate("y", short, 12))
+      # a long request cancelled mid-way (positions up to ~600) no longer counts
+      long = asyncio.ensure_future(client.generate("long", short, 900))
+      while not reads or reads[-1] < 512:
+        await asyncio.sleep(0.001)
+      long.cancel()
+      steps = len(reads)
+      after = await asyncio.wait_for(client.generate("after", short, 6), 60)
+      await client.close()
+      return out, after, steps
+    (gen_x, gen_y), after, steps = run(go())
+  finally:
+    srv.stop()
+  params = make_params(0)
+  assert gen_x.token_ids == llm.greedy_generate(MODEL, params, crossing, 40)
+  assert gen_y.token_ids == llm.greedy_generate(MODEL, params, short, 12)
+  assert after.token_ids == llm.greedy_generate(MODEL, params, short, 6)
+  assert reads[:18] == [128] * 18 and 256 in reads[:40] and 1024 not in reads[:40]
+  assert 512 in reads[40:steps] and reads[-6:] == [128] * 6
+
+
 def test_a_cancelled_request_frees_its_slot():
   engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=1, max_prefill_length=16,
                        max_cache_length=1024)
