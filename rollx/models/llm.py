@@ -305,14 +305,15 @@ class Transformer(nn.Module):
       x = self.layers_fn(self.variables["params"]["layers"], x, cos, sin, mask_bts)
       new_cache = (None, None)
     else:
+      decoding = cache is not None and tokens_bt.shape[1] == 1
       layer_cache = None if cache is None else (cache.k, cache.v)
-      if cache is not None and tokens_bt.shape[1] == 1:
+      if decoding:
         # decode reads the cache only up to the mask's width (`decode_step`'s `read_len`):
         # the positions any row attends to, not the whole allocation
         read = mask_bts.shape[-1]
         layer_cache = (cache.k[:, :, :, :read], cache.v[:, :, :, :read])
       x, new_cache = layers(x, cos, sin, mask_bts, layer_cache, cache_index_b)
-      if cache is not None and tokens_bt.shape[1] == 1:  # decode: write each row's new k/v
+      if decoding:  # write each row's new k/v
         rows = jnp.arange(tokens_bt.shape[0])
         # full: [L, B, K, S, hd]; new: [L, B, K, 1, hd]. Advanced indices on B and S
         # (split by a slice) put the indexed dims first: values are [B, L, K, hd].

@@ -241,15 +241,13 @@ class RollxEngine(engine_api.Engine):
     # row costs little next to the per-call overhead at these sizes. `warmup` compiles
     # ahead where a first-batch stall matters.
     # (donate_argnums count the call's arguments, after those `partial` binds)
-    jit = lambda fn, donate: jax.jit(fn, donate_argnums=donate, out_shardings=self._replicated)
+    jit = lambda fn, donate, static=(): jax.jit(fn, donate_argnums=donate, static_argnames=static,
+                                                out_shardings=self._replicated)
     self._prefill = jit(functools.partial(slot_ops.prefill_into_slots, model, self._base_key), 1)
-    self._extend = jax.jit(functools.partial(slot_ops.extend_into_slots, model, self._base_key),
-                           donate_argnums=1, static_argnames="read_len",
-                           out_shardings=self._replicated)
+    self._extend = jit(functools.partial(slot_ops.extend_into_slots, model, self._base_key), 1,
+                       "read_len")
     self._move = jit(slot_ops.move_slot, 0)
-    self._generate = jax.jit(functools.partial(slot_ops.decode_slots, model, stop),
-                             donate_argnums=1, static_argnames="read_len",
-                             out_shardings=self._replicated)
+    self._generate = jit(functools.partial(slot_ops.decode_slots, model, stop), 1, "read_len")
     self._store_slot = jit(slot_ops.store_slot, 1)
     self._load_slot = jit(slot_ops.load_slot, 0)
     self._pool = None

@@ -273,6 +273,26 @@ def test_decode_reads_the_smallest_cache_bucket_holding_the_busy_slots():
   assert 512 in reads[40:steps] and reads[-6:] == [128] * 6
 
 
+def test_a_continuation_reads_its_whole_cached_prefix_past_the_smallest_bucket():
+  engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=2, max_prefill_length=256,
+                       max_cache_length=1024, sampling={"train": Sampling(0.0), "val": Sampling(0.0)})
+  srv = RolloutServer(engine)
+  first = prompts(1, seed=8, lengths=(150,))[0]  # a cached prefix longer than the 128 bucket
+  try:
+    async def go():
+      client = RolloutClient([srv.address])
+      one = await client.generate("t1", first, 8, trajectory_id="c")
+      ids = first + one.token_ids + [3, 1, 4, 1, 5]
+      two = await client.generate("t2", ids, 8, trajectory_id="c")
+      await client.close()
+      return ids, two
+    ids, two = run(go())
+  finally:
+    srv.stop()
+  assert srv.stats()["reused_tokens"] >= 158  # turn 2 continued from turn 1's keys/values
+  assert two.token_ids == llm.greedy_generate(MODEL, make_params(0), ids, 8)
+
+
 def test_a_cancelled_request_frees_its_slot():
   engine = RollxEngine(MODEL, make_params(0), max_concurrent_decodes=1, max_prefill_length=16,
                        max_cache_length=1024)
