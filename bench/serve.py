@@ -64,6 +64,7 @@ from rollx import models  # noqa: E402
 from rollx.serving import PREFILL_BUCKETS  # noqa: E402
 from rollx.serving.client import RolloutClient  # noqa: E402
 from rollx.serving.engine import RollxEngine, Sampling  # noqa: E402
+from rollx.serving.read_lengths import ReadLengths  # noqa: E402
 from rollx.serving.server import RolloutServer  # noqa: E402
 
 
@@ -305,7 +306,7 @@ def decode_seconds(loaded, prompts, n_new, slots, cache_length, whole_allocation
                        max_prefill_length=32, max_cache_length=cache_length,
                        sampling={"train": Sampling(0.0), "val": Sampling(0.0)})
   if whole_allocation:  # the decode step before it read live lengths only
-    engine._read_buckets = (cache_length,)
+    engine.read_lengths = ReadLengths(slots, cache_length, buckets=(cache_length,))
   engine.warmup((32,))  # compiles are not timed
   server = RolloutServer(engine)
 

@@ -25,30 +25,20 @@ from rollx.parallel.mesh import MESH_AXES
 from rollx.serving import compat
 
 compat.apply()
-from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2  # noqa: E402
+from jetstream.engine import engine_api, tokenizer_pb2  # noqa: E402
 
 from rollx.serving import PREFILL_BUCKETS, slot_ops  # noqa: E402
 from rollx.serving.prefill_rows import PrefillRows  # noqa: E402
 from rollx.serving.prefix_store import PREFIX_BLOCK, PrefixStore  # noqa: E402
+from rollx.serving.read_lengths import ReadLengths  # noqa: E402
 from rollx.serving.slot_ops import SlotState  # noqa: E402
+from rollx.serving.tokenizer import TokenIdsTokenizer  # noqa: E402
 from rollx.serving.versions import StepVersions, VersionedParams  # noqa: E402
 
 
 def prefill_bucket(n: int) -> int:
   """The padded width of n prompt (or continuation) ids: the smallest prefill bucket that fits."""
   return PREFILL_BUCKETS[bisect.bisect_left(PREFILL_BUCKETS, n)]
-
-
-# The shortest cache read of a decode step: below it a bucket saves less than its compile.
-MIN_DECODE_READ = 128
-
-
-def decode_read_buckets(max_cache_length: int) -> Tuple[int, ...]:
-  """The cache lengths a decode step may read (one compiled step each): powers of two
-  from `MIN_DECODE_READ` below the allocation, then the allocation itself."""
-  below = [2**i for i in range(MIN_DECODE_READ.bit_length() - 1, max_cache_length.bit_length())
-           if 2**i < max_cache_length]
-  return (*below, max_cache_length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,44 +85,6 @@ class _Staged:
   conversation: Optional[_Conversation] = None
   cached_versions: Optional[np.ndarray] = None  # versions of the reused ids [0, start)
   from_store: bool = False  # the reused keys/values were copied back from the prefix store
-
-
-class TokenIdsTokenizer(tokenizer_api.Tokenizer):
-  """What JetStream's Engine API asks of a tokenizer, for token-id requests.
-
-  Stops are the engine's job (see `RollxEngine`), so `stop_tokens` is empty.
-  `encode`/`decode` go through the HF tokenizer for text requests and logging.
-  """
-
-  def __init__(self, hf_tokenizer, pad_id: int):
-    self._tok, self._pad = hf_tokenizer, pad_id
-
-  def encode(self, s: str, **kwargs):
-    from jetstream.engine import token_utils
-    # a text request is outside text: no special token it spells is a control token
-    ids = np.asarray(self._tok.encode(s, split_special_tokens=True), np.int32)
-    return token_utils.pad_tokens(ids, self.bos_id, self.pad_id, is_bos=False,
-                                  max_prefill_length=kwargs.get("max_prefill_length"),
-                                  jax_padding=kwargs.get("jax_padding", True))
-
-  def decode(self, token_ids: list[int], **kwargs) -> str:
-    return self._tok.decode(token_ids) if self._tok is not None else ""
-
-  @property
-  def pad_id(self) -> int:
-    return self._pad
-
-  @property
-  def eos_id(self) -> int:
-    return self._pad
-
-  @property
-  def bos_id(self) -> int:
-    return self._pad
-
-  @property
-  def stop_tokens(self) -> set[int]:
-    return set()
 
 
 class RollxEngine(engine_api.Engine):
@@ -199,14 +151,8 @@ class RollxEngine(engine_api.Engine):
     self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
     self.sampling = dict(sampling or {"train": Sampling(), "val": Sampling(temperature=0.0)})
     self._hf_tokenizer, self._pad_id = hf_tokenizer, int(pad_id)
-    # Decode reads the cache up to the smallest bucket that holds every busy slot's
-    # position, not the allocation: an agent's turn of 40 tokens in a 4096-token cache
-    # then costs what its conversation holds. The host mirrors each slot's device
-    # position exactly (prefill and extend set it to the prompt's length, each step adds
-    # one); a slot is busy from `insert` until `release_slot`.
-    self._read_buckets = decode_read_buckets(self.max_cache_length)
-    self._slot_pos = np.zeros((self._slots,), np.int64)
-    self._busy = np.zeros((self._slots,), bool)
+    # decode and extend read the cache up to the live length (`rollx.serving.read_lengths`)
+    self.read_lengths = ReadLengths(self._slots, self.max_cache_length)
     self._rows = PrefillRows(self._slots, self._prefill_batch, self.max_cache_length,
                              self._pad_id)
     self._base_key = jax.random.PRNGKey(seed)
@@ -297,7 +243,7 @@ class RollxEngine(engine_api.Engine):
     sampling = getattr(request, "sampling", None) or self.sampling["train"]
     if request is not None:  # the next generate step prefills it and samples its first token
       request.first_step, request.slot = self.num_steps, int(slot)
-    self._slot_pos[slot], self._busy[slot] = prefix.true_length, True
+    self.read_lengths.insert(int(slot), prefix.true_length)
     staged, source, evicted, stored = self._continuation(int(slot), prefix, sampling)
     if evicted is not None:  # the slot's previous conversation into the store first
       self._pool = self._store_slot(decode_state.cache, self._pool, np.int32(slot),
@@ -417,16 +363,7 @@ class RollxEngine(engine_api.Engine):
     """`slot`'s request ended (finished, aborted or cancelled): decode steps no longer
     need to read its keys/values. (A caller that never releases only makes every step
     read more.)"""
-    self._busy[slot] = False
-
-  @property
-  def decode_read_length(self) -> int:
-    """The cache positions the next decode step reads: the smallest bucket holding
-    every busy slot's position."""
-    return self._read_bucket(int(self._slot_pos[self._busy].max()) if self._busy.any() else 0)
-
-  def _read_bucket(self, positions: int) -> int:
-    return self._read_buckets[bisect.bisect_left(self._read_buckets, positions)]
+    self.read_lengths.release(slot)
 
   def warmup(self, prompt_buckets: Sequence[int]) -> None:
     """Compiles the decode step (at the read lengths these prompts start in; longer ones
@@ -434,14 +371,13 @@ class RollxEngine(engine_api.Engine):
     buckets (prompts are padded to `PREFILL_BUCKETS`), on a scratch decode state."""
     weights = self.params_holder.get()[1]
     state = self.init_decode_state()
-    longest = max(prompt_buckets, default=0)
-    for read_len in self._read_buckets[:bisect.bisect_left(self._read_buckets, longest) + 1]:
+    for read_len in self.read_lengths.up_to(max(prompt_buckets, default=0)):
       state, _, totals = self._generate(weights, state, self._logp_totals, read_len=read_len)
     for width in prompt_buckets:  # every row is padding (slot out of range): state unchanged
       state = self._prefill(weights, state, *self._rows.prefill(width, ()))
       if self.reuse_kv:  # a continuation's new ids take the same buckets
         state = self._extend(weights, state, *self._rows.extend(width, ()),
-                             read_len=self._read_buckets[0])
+                             read_len=self.read_lengths.buckets[0])
     if self.reuse_kv:
       state = self._move(state, np.int32(0), np.int32(0))
     if self._pool is not None:  # all-padding blocks: the store is unchanged
@@ -470,7 +406,7 @@ class RollxEngine(engine_api.Engine):
       decode_state = self._prefill(weights, decode_state, *self._rows.prefill(width, chunk))
     new_ids = lambda s: prefill_bucket(s.prefix.true_length - s.start)
     for width, chunk in self._rows.chunks([s for s in staged if s.start], new_ids, True):
-      read_len = self._read_bucket(max(s.start for s in chunk))  # the cached ids they attend to
+      read_len = self.read_lengths.bucket(max(s.start for s in chunk))  # the cached ids they attend to
       decode_state = self._extend(weights, decode_state, *self._rows.extend(width, chunk),
                                   read_len=read_len)
     self.prefilled_tokens += sum(s.prefix.true_length - s.start for s in staged)
@@ -478,9 +414,8 @@ class RollxEngine(engine_api.Engine):
     self.store_reused_tokens += sum(s.start for s in staged if s.from_store)
     # the running totals go through the jitted step: an eager add here cost ~1 ms a step
     decode_state, data, self._logp_totals = self._generate(
-        weights, decode_state, self._logp_totals, read_len=self.decode_read_length)
-    # (as the device does: `slot_ops.decode_slots` caps a position at the last index)
-    np.minimum(self._slot_pos + 1, self.max_cache_length - 1, out=self._slot_pos)
+        weights, decode_state, self._logp_totals, read_len=self.read_lengths.decode)
+    self.read_lengths.step()
     for i, s in enumerate(staged):  # the weights that prefilled it, not those at staging
       if s.prefix.request is not None:  # (kept stale keys/values: the oldest among them)
         s.prefix.request.prefill_version = min(version, stale_since.get(i, version))
@@ -513,7 +448,7 @@ class RollxEngine(engine_api.Engine):
       self._conversations.clear()
       self._slot_of.clear()
       self._store.clear()
-    self._slot_pos[:], self._busy[:] = 0, False
+    self.read_lengths.reset()
     cfg, s = self.config, self._slots
     f32 = lambda *shape: jnp.zeros(shape, jnp.float32)
     state = SlotState(

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from rollx.rollout import agent_loops, prompts
 from rollx.rollout.types import Ticket
-from rollx.serving import engine, openai_endpoint
+from rollx.serving import openai_endpoint, tokenizer
 from tests.rollout.test_tool_loop import FAMILIES, Script, calls, tool_entry, tokenizer_for
 
 # a forged turn end and user turn, in each family's own markers
@@ -142,6 +142,6 @@ def test_an_agents_messages_spelling_a_turn_end_are_text_at_the_openai_endpoint(
 
 def test_a_text_request_to_the_engine_is_text():
   tok = tokenizer_for("default")
-  padded, length = engine.TokenIdsTokenizer(tok, 0).encode(forged("default"), jax_padding=False)
+  padded, length = tokenizer.TokenIdsTokenizer(tok, 0).encode(forged("default"), jax_padding=False)
   ids = [int(i) for i in padded[:length]]
   assert control_ids(tok, ids) == 0 and tok.decode(ids) == forged("default")
