@@ -44,6 +44,8 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _rewards(c, config)
   _inert(c, config)
   _workers(c, config)
+  if not c.errors:
+    _adapter_dir(c, config)
   rollout_checks.check_custom_envs(c, config)
   check_env_managers(c, config)
   cluster_checks.check_cluster(c, config)
@@ -158,6 +160,17 @@ def _rewards(c: Checker, cfg):
          "every weight is 0: nothing to learn from")
   c.rule(is_int(cfg.reward_batch_size) and cfg.reward_batch_size >= 1, "reward_batch_size",
          f"must be an integer >= 1, got {cfg.reward_batch_size!r}")
+
+
+def _adapter_dir(c: Checker, cfg):
+  """actor_train's LoRA start (`lora.adapter_dir`): readable, for this base, these settings."""
+  from rollx.models import lora
+  if cfg.actor_train.model_args.lora.get("adapter_dir"):
+    try:
+      lora.check_adapter_dir(cfg.actor_train.model_args.lora,
+                             hf.load_model_config(models.resolve_model_dir(cfg.pretrain)))
+    except ConfigError as e:
+      c.errors.extend(e.errors)
 
 
 def _inert(c: Checker, cfg):

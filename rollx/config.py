@@ -30,6 +30,8 @@ KL_ESTIMATORS = ("k1", "k2", "k3")  # rollx.algos.losses.kl_divergence
 NORM_GROUPINGS = ("traj_group_id", "tags", "batch")
 NORM_METHODS = ("mean_std", "mean", "identity")
 WORKER_ROLES = ("actor_train", "actor_infer", "critic", "reference")
+# the projections a LoRA adapter can target (rollx.models.lora), in layer order
+LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # What each role is: its model's head and what runs it. One value per role (the
 # keys exist so a config reads like ROLL's; another value is a named error).
 ROLE_MODEL_TYPES = {"actor_train": "causal_lm", "actor_infer": "causal_lm",
@@ -52,12 +54,18 @@ INERT_KEYS = {
     "actor_infer.model_args.disable_gradient_checkpointing": "the servers take no gradients",
     "actor_infer.strategy_args.dp_size": "server replicas are separate servers (num_servers)",
     "actor_infer.strategy_args.num_microbatches": "a server runs no pipeline stages",
+    "reference.model_args.lora": "the reference is the frozen policy (with actor_train's "
+                                 "adapters: its base)",
+    "actor_infer.model_args.lora": "the servers serve actor_train's adapters, synced",
+    "critic.model_args.lora": "the critic trains in full (its value head is new)",
 }
 ENV_MANAGERS = ("train_env_manager", "val_env_manager")
 ENV_MANAGER_TYPES = ("trajectory", "step")
 
 # Keys whose value may take one of several types (checked instead of the default's).
-UNION_TYPES = {"resume_from_checkpoint": (str, bool)}
+UNION_TYPES = {"resume_from_checkpoint": (str, bool),
+               **{f"{role}.model_args.lora.target_modules": (tuple, str)
+                  for role in WORKER_ROLES}}
 
 
 def _cd(**fields) -> ml_collections.ConfigDict:
@@ -78,6 +86,20 @@ def _worker(role: str, *, learning_rate: float, **extra) -> ml_collections.Confi
           # the same). 0: one dense softmax over the whole row.
           attention_block=512,
           disable_gradient_checkpointing=False,  # True: no remat (faster, more memory)
+          # LoRA adapters (actor_train; rollx.models.lora): rank > 0 trains them on a
+          # frozen base (no base gradients or optimizer state; the KL reference is the
+          # base itself; weight syncs send the adapters alone). 0: full training.
+          lora=_cd(
+              rank=0,
+              alpha=16.0,  # the adapters' scale is alpha / rank (alpha / sqrt(rank): rslora)
+              # projection names, or a regex searched in `layers/<name>`; default: all
+              target_modules=LORA_PROJECTIONS,
+              rslora=False,
+              # a PEFT adapter directory (rollx's export/adapter, or peft's) to start the
+              # adapters from instead of zero; its rank, alpha, targets and rslora must be
+              # the ones above, its base `pretrain`
+              adapter_dir=config_dict.placeholder(str),
+          ),
       ),
       training_args=_cd(
           learning_rate=learning_rate,

@@ -4,14 +4,18 @@
         [--k=8 [--samples=16]] [--episodes=N] [--out=episodes.jsonl] [--config.KEY=VALUE ...]
 
 `--checkpoint` is an Orbax step directory of a run (`<output_dir>/checkpoints/<step>`;
-the `checkpoints` directory itself means its latest complete step) or a Hugging Face
-export (`<output_dir>/export`, or any directory with a config.json):
+the `checkpoints` directory itself means its latest complete step), a Hugging Face
+export (`<output_dir>/export`, or any directory with a config.json) or a PEFT LoRA
+adapter directory (`<output_dir>/export/adapter`, or peft's own):
 
 - Orbax: only the actor's params are read (a partial restore, no optimizer state),
   checked against the shapes of the config's model (`pretrain`, or the built-in
   default) and pushed to the servers as policy version <step>, as a weight sync in
-  training does. The tokenizer is the config's model's.
+  training does. The tokenizer is the config's model's. A LoRA run's checkpoint (its
+  config's `actor_train.model_args.lora`) pushes its adapters onto `pretrain`.
 - Hugging Face: the export becomes `pretrain` (weights and tokenizer).
+- PEFT: the adapters are pushed onto the config's model (`pretrain`), which must be
+  the base they were trained on (their shapes are checked).
 
 The episodes are what validation in training plays: `val_env_manager`'s envs and tags,
 the validation level stream (seeds from `seed`; `--episodes` levels, default
@@ -59,8 +63,8 @@ from rollx import checks, cli, hostmem
 from rollx.tracking import pass_at_k, wilson_interval
 
 _CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", None, "Orbax step directory (<output_dir>/checkpoints/<step>) or Hugging "
-    "Face export (<output_dir>/export)")
+    "checkpoint", None, "Orbax step directory (<output_dir>/checkpoints/<step>), Hugging "
+    "Face export (<output_dir>/export) or PEFT adapter directory (<output_dir>/export/adapter)")
 _K = flags.DEFINE_integer("k", 1, "pass@k: k > 1 samples each level with actor_infer."
                           "generating_args (training sampling) instead of validation's")
 _SAMPLES = flags.DEFINE_integer("samples", None, "samples per level for pass@k (n >= k; "
@@ -75,12 +79,13 @@ class CheckpointProblem(ValueError):
 
 @dataclasses.dataclass
 class Source:
-  kind: str  # "orbax" | "hf"
-  path: str  # the step directory, or the HF directory
+  kind: str  # "orbax" | "hf" | "peft"
+  path: str  # the step directory, or the HF / adapter directory
   step: int = 0  # Orbax: the step (the policy version the servers get)
 
   def describe(self) -> str:
-    return f"orbax step {self.step}" if self.kind == "orbax" else "hugging face directory"
+    return (f"orbax step {self.step}" if self.kind == "orbax" else
+            "peft adapter directory" if self.kind == "peft" else "hugging face directory")
 
 
 # -- the checkpoint ------------------------------------------------------------------
@@ -99,6 +104,9 @@ def resolve_checkpoint(path: str) -> Source:
     raise CheckpointProblem(f"--checkpoint={path}: not a directory")
   if os.path.isfile(os.path.join(path, "config.json")):
     return Source("hf", path)
+  from rollx.models import lora
+  if os.path.isfile(os.path.join(path, lora.PEFT_CONFIG)):
+    return Source("peft", path)
   if _is_step_dir(path):
     name = os.path.basename(os.path.normpath(path))
     if not name.isdigit():
@@ -111,7 +119,8 @@ def resolve_checkpoint(path: str) -> Source:
     return Source("orbax", os.path.join(path, str(max(steps))), max(steps))
   raise CheckpointProblem(
       f"--checkpoint={path}: neither an Orbax step directory (<output_dir>/checkpoints/"
-      f"<step>, with actor/) nor a Hugging Face export (with config.json)")
+      f"<step>, with actor/), a Hugging Face export (with config.json) nor a PEFT adapter "
+      f"directory (with adapter_config.json)")
 
 
 def expected_params(config: ml_collections.ConfigDict):
@@ -127,10 +136,18 @@ def expected_params(config: ml_collections.ConfigDict):
 
 def restore_params(source: Source, config: ml_collections.ConfigDict):
   """The actor's params (numpy) of an Orbax step directory, after checking that their
-  names and shapes are those of the config's model."""
+  names and shapes are those of the config's model; with the config's LoRA on, its
+  adapters (`lora.AdapterWeights`)."""
+  import jax
   from rollx import checkpoint
+  from rollx.models import lora
   like = expected_params(config)
+  adapters = lora.from_config(config.actor_train.model_args.lora)
+  if adapters is not None:
+    like = jax.eval_shape(lambda: lora.init_adapters(like, adapters, jax.random.PRNGKey(0)))
   model = config.pretrain or "the built-in default model"
+  if adapters is not None:
+    model += f" with actor_train.model_args.lora rank {adapters.rank}"
   try:
     saved = checkpoint.params_metadata(source.path)
   except Exception as e:  # noqa: BLE001 - whatever Orbax makes of a broken directory
@@ -141,10 +158,25 @@ def restore_params(source: Source, config: ml_collections.ConfigDict):
     raise CheckpointProblem(f"--checkpoint={source.path}: {problem}, not the shapes of the "
                             f"config's model ({model}); pass its config / --config.pretrain")
   try:
-    return checkpoint.restore_params(source.path, like)
+    params = checkpoint.restore_params(source.path, like)
   except Exception as e:  # noqa: BLE001
     raise CheckpointProblem(f"--checkpoint={source.path}: cannot restore its actor params "
                             f"({type(e).__name__}: {_one_line(e)})") from None
+  return params if adapters is None else lora.AdapterWeights(params, adapters.scale)
+
+
+def load_adapters(source: Source, config: ml_collections.ConfigDict):
+  """A PEFT adapter directory's adapters for the config's model."""
+  from rollx import models
+  from rollx.models import hf, lora
+  cfg = hf.load_model_config(models.resolve_model_dir(config.pretrain))
+  try:
+    adapters, settings = lora.load_peft(source.path, cfg)
+  except ValueError as e:  # CheckpointError, or shapes that are not this model's
+    raise CheckpointProblem(f"--checkpoint={source.path}: {_one_line(e)} (its base must be "
+                            f"the config's model, {config.pretrain or 'the built-in default'})"
+                            ) from None
+  return lora.AdapterWeights(adapters, settings.scale)
 
 
 def _one_line(e: Exception) -> str:
@@ -289,9 +321,9 @@ def main(argv: List[str]) -> None:
   owned = cluster.init_ray(config)  # before JAX starts its threads: Ray forks its daemons
   try:
     params = None
-    if source.kind == "orbax":
+    if source.kind in ("orbax", "peft"):
       try:
-        params = restore_params(source, config)
+        params = (restore_params if source.kind == "orbax" else load_adapters)(source, config)
       except CheckpointProblem as e:
         cli.fail(str(e))
     sampling = run_config.actor_infer.val_generating_args

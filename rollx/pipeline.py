@@ -31,7 +31,7 @@ import numpy as np
 from rollx import checkpoint, cluster, config as rollx_config, models, stopping
 from rollx.algos import advantages as adv_lib, correction
 from rollx.errors import RolloutError
-from rollx.models import hf
+from rollx.models import hf, lora
 from rollx.rollout.render import save_episode_frames
 from rollx.rollout.scheduler import episode_metrics
 from rollx.rewards.reward_model import RewardSources
@@ -118,15 +118,18 @@ class AgenticPipeline:
     logging.info("resumed from %s step %d", directory, self.step)
 
   # -- one step ------------------------------------------------------------------------
-  def sync_weights(self) -> float:
-    """Pushes the learner's params to every server as policy version `step`; the
-    schedulers then drop (async: expire) episodes of versions too old to train on."""
+  def sync_weights(self) -> Dict[str, float]:
+    """Pushes the learner's params (with LoRA: the adapters alone) to every server as
+    policy version `step`; the schedulers then drop (async: expire) episodes of versions
+    too old to train on. Returns its time and the bytes sent to each server."""
     start = time.time()
-    self.client.update_params(self.learner.host_params(), self.step)
+    params = self.learner.host_params()
+    self.client.update_params(params, self.step)
     for rollout in (self.train_rollout, self.val_rollout):
       if rollout is not None:
         rollout.set_version(self.step)
-    return time.time() - start
+    return {"time/weight_sync": time.time() - start,
+            "weight_sync/bytes": float(lora.nbytes(params))}
 
   def validate(self) -> Dict[str, float]:
     batch, metrics = self.val_rollout.get_batch(self.config.val_batch_size)
@@ -193,7 +196,7 @@ class AgenticPipeline:
     metrics: Dict[str, float] = {}
     self._finished_streams = self.stream_states()
     if self.step % c.actor_train.model_update_frequency == 0:
-      metrics["time/weight_sync"] = self.sync_weights()
+      metrics.update(self.sync_weights())
     if self.val_rollout is not None and self.step % c.eval_steps == 0:
       t = time.time()
       metrics.update(self.validate())
@@ -285,7 +288,8 @@ class AgenticPipeline:
 
   def export(self, out_dir: str) -> str:
     """The trained policy as a Hugging Face directory (transformers-loadable)."""
-    return self.learner.export(out_dir, self.tokenizer)
+    return self.learner.export(out_dir, self.tokenizer,
+                               models.resolve_model_dir(self.config.pretrain))
 
   def close(self) -> None:
     for rollout in (self.train_rollout, self.val_rollout):

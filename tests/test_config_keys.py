@@ -42,6 +42,10 @@ def changed(value):
     return value + 3
   if isinstance(value, str):
     return value + "x"
+  if isinstance(value, tuple) and value:
+    return value[:1]
+  if value is None:  # an unset path (placeholder str)
+    return "/x"
   raise AssertionError(value)
 
 

@@ -2,7 +2,8 @@
 complete checkpoint; the restore is bitwise and training continues the curve.
 
 One chain of three real runs (local Ray cluster, JetStream server actor, Orbax), shared
-by the tests below, on the tiny config of test_pipeline with a checkpoint every step:
+by the tests below, on the tiny config of test_pipeline with a checkpoint every step and
+LoRA adapters on (rollx.models.lora):
 
   A  `python -m rollx.train`, killed -9 while checkpoint 2 is being written: the
      ROLLX_HOLD_CHECKPOINT hook (rollx/checkpoint.py) stops that save after everything
@@ -41,6 +42,7 @@ from tests.test_pipeline import SMALL, tb_scalars, train_env, train_flags
 pytestmark = pytest.mark.timeout(900)  # the chain runs in the first test's setup
 
 MAX_STEPS = 3
+LORA_RANK = 4
 INIT_KL_COEF, TARGET_KL, KL_HORIZON = 0.1, 0.01, 100
 EPISODES = int(next(f for f in SMALL if "rollout_batch_size" in f).split("=")[1])  # KL ctrl n
 EXTRA = [
@@ -55,6 +57,10 @@ EXTRA = [
     "--config.actor_train.training_args.warmup_steps=10",
     # short episodes: rollouts are not what this is about
     "--config.custom_envs.FrozenLake.env_config.max_steps=3",
+    # LoRA adapters on a frozen base: checkpoints hold both and the adapters' optimizer
+    # state, syncs send the adapters alone, the KL reference is the base, the export
+    # writes a PEFT directory beside the folded model
+    f"--config.actor_train.model_args.lora.rank={LORA_RANK}",
 ]
 WAIT_S = 400  # generous bound for one run to reach a point; never reached when healthy
 
@@ -279,6 +285,10 @@ def test_restore_is_bitwise_and_training_continues_the_curve(chain):
   for k, v in saved_actor.items():
     assert restored[k].dtype == v.dtype and np.array_equal(restored[k], v), k
   assert int(saved_actor["step"]) == 1  # one optimizer update per step in this config
+  # LoRA: the adapters train (with optimizer state), the base is frozen (none)
+  assert saved_actor["params/layers/q_proj_lora_a"].shape[-1] == LORA_RANK
+  assert "frozen/layers/q_proj" in saved_actor and "params/layers/q_proj" not in saved_actor
+  assert not any(k.startswith("opt_state/") and k.endswith("/layers/q_proj") for k in saved_actor)
   np.testing.assert_array_equal(dump["rng"], saved_rng)
   assert dump["rng"].dtype == saved_rng.dtype
   assert dump["step"] == saved_meta["step"] == 1
@@ -299,3 +309,51 @@ def test_restore_is_bitwise_and_training_continues_the_curve(chain):
   # the optimizer step, and with it the warmup schedule, goes on: 1 -> 2 -> 3
   assert int(chain["raw2"][0]["step"]) == 2 and int(chain["raw3"][0]["step"]) == 3
   assert a_run["lr"][0] < b_run["lr"][1] < c_run["lr"][2]
+
+
+def test_with_adapters_syncs_send_the_adapters_alone_and_peft_loads_the_export(chain):
+  import peft
+  import torch
+  import transformers
+  from rollx import models
+  a_run = chain["events"][0]
+  saved_actor = chain["raw1"][0]
+  adapter_bytes = sum(v.nbytes for k, v in saved_actor.items() if k.startswith("params/"))
+  base_bytes = sum(v.nbytes for k, v in saved_actor.items() if k.startswith("frozen/"))
+  assert a_run["weight_sync/bytes"][0] == pytest.approx(adapter_bytes, rel=0.01)
+  assert adapter_bytes < base_bytes / 3
+  export = chain["out"] / "export"
+  folded = transformers.AutoModelForCausalLM.from_pretrained(str(export), local_files_only=True)
+  base = transformers.AutoModelForCausalLM.from_pretrained(models.DEFAULT_MODEL_DIR,
+                                                           local_files_only=True)
+  ids = torch.tensor([[1, 5, 9, 14, 3, 27]])
+  with torch.no_grad():
+    plain = base.eval()(ids).logits.numpy()  # (before peft wraps the base in place)
+    adapted = peft.PeftModel.from_pretrained(base, str(export / "adapter"))
+    want, got = folded.eval()(ids).logits.numpy(), adapted.eval()(ids).logits.numpy()
+  assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+  assert np.abs(plain - want).max() > 1e-3 * np.abs(want).max()  # the adapters trained
+
+
+def test_rollx_eval_reads_the_adapters_of_a_lora_checkpoint_and_of_its_peft_export(chain):
+  from rollx import config as config_lib, eval as eval_lib
+  from rollx.models import lora
+  config = config_lib.load_file(os.path.join(ROOT, "configs", "frozenlake.py"))
+  config.actor_train.model_args.lora.rank = LORA_RANK
+  ckpt = eval_lib.resolve_checkpoint(str(chain["out"] / "checkpoints"))
+  assert (ckpt.kind, ckpt.step) == ("orbax", MAX_STEPS)
+  from_orbax = eval_lib.restore_params(ckpt, config)
+  peft_dir = eval_lib.resolve_checkpoint(str(chain["out"] / "export" / "adapter"))
+  assert peft_dir.kind == "peft"
+  from_peft = eval_lib.load_adapters(peft_dir, config)
+  saved = chain["raw3"][0]
+  for weights in (from_orbax, from_peft):
+    assert isinstance(weights, lora.AdapterWeights) and weights.scale == 16.0 / LORA_RANK
+    assert sorted(weights.tensors["layers"]) == sorted(
+        k.split("/")[-1] for k in saved if k.startswith("params/layers/"))
+    for key, value in weights.tensors["layers"].items():
+      np.testing.assert_array_equal(value, saved[f"params/layers/{key}"])
+  # the checkpoint read without its LoRA settings is a named mismatch
+  config.actor_train.model_args.lora.rank = 0
+  with pytest.raises(eval_lib.CheckpointProblem, match="params/embed_tokens is missing"):
+    eval_lib.restore_params(ckpt, config)

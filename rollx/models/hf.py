@@ -113,7 +113,7 @@ def load_model_config(model_dir: str) -> ModelConfig:
     raise CheckpointError(f"{path}: {e}") from None
 
 
-def _hf_names(cfg: ModelConfig, i: int) -> Dict[str, str]:
+def layer_tensor_names(cfg: ModelConfig, i: int) -> Dict[str, str]:
   """Our per-layer param name -> the HF tensor name of layer i."""
   pre = f"model.layers.{i}."
   names = {
@@ -219,7 +219,7 @@ def load_params(model_dir: str, cfg: Optional[ModelConfig] = None):
 
   layers = {}
   for i in range(cfg.num_layers):
-    for ours, hf_name in _hf_names(cfg, i).items():
+    for ours, hf_name in layer_tensor_names(cfg, i).items():
       layers.setdefault(ours, []).append(_to_ours(ours, get(hf_name, _hf_shape(ours, cfg)), cfg))
   params = {
       "embed_tokens": get("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)),
@@ -284,7 +284,7 @@ def to_hf_tensors(params, cfg: ModelConfig) -> Dict[str, np.ndarray]:
   out = {"model.embed_tokens.weight": np.asarray(params["embed_tokens"], np.float32),
          "model.norm.weight": np.asarray(params["norm"], np.float32)}
   for i in range(cfg.num_layers):
-    for ours, hf_name in _hf_names(cfg, i).items():
+    for ours, hf_name in layer_tensor_names(cfg, i).items():
       w = np.asarray(layers[ours][i], np.float32)
       if ours in ("q_proj", "k_proj", "v_proj"):
         w = w.reshape(d, -1).T

@@ -179,6 +179,19 @@ class DecoderLayer(nn.Module):
   config: ModelConfig
   dtype: Any = jnp.float32
   attention_block: int = ATTENTION_BLOCK
+  lora_scale: Optional[float] = None  # the adapters' scale (rollx.models.lora), if any
+
+  def _proj(self, name: str, h: Array, w: Array, in_dims: int = 1) -> Array:
+    """h through kernel `name`, plus its low-rank adapter where the params hold one
+    (`{name}_lora_a` / `_lora_b`): scale * (h A) B, never A B materialised."""
+    y = dense(h, w, in_dims)
+    if not self.has_variable("params", name + "_lora_a"):
+      return y
+    if self.lora_scale is None:
+      raise ValueError(f"params hold {name}'s LoRA adapter, but the model has no lora_scale")
+    a = self.get_variable("params", name + "_lora_a").astype(self.dtype)
+    b = self.get_variable("params", name + "_lora_b").astype(self.dtype)
+    return y + (dense(dense(h, a, in_dims), b) * self.lora_scale).astype(y.dtype)
 
   @nn.compact
   def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache, cache_index_b):
@@ -188,12 +201,13 @@ class DecoderLayer(nn.Module):
     init = nn.initializers.normal(cfg.initializer_range)
     zeros, ones = nn.initializers.zeros, nn.initializers.ones
     p = lambda name, shape, i=init: self.param(name, i, shape, jnp.float32).astype(dt)
+    proj = lambda name, x, shape, in_dims=1: self._proj(name, x, p(name, shape), in_dims)
 
     h = rms_norm(x_btd, self.param("input_layernorm", ones, (d,), jnp.float32),
                  cfg.rms_norm_eps, dt)
-    q = dense(h, p("q_proj", (d, n, hd)))
-    kk = dense(h, p("k_proj", (d, k, hd)))
-    v = dense(h, p("v_proj", (d, k, hd)))
+    q = proj("q_proj", h, (d, n, hd))
+    kk = proj("k_proj", h, (d, k, hd))
+    v = proj("v_proj", h, (d, k, hd))
     if cfg.qkv_bias:
       q = q + p("q_bias", (n, hd), zeros)
       kk = kk + p("k_bias", (k, hd), zeros)
@@ -233,27 +247,28 @@ class DecoderLayer(nn.Module):
       attn = mixed + jnp.einsum("bkgts,btkh->btkgh", (p_self / denom).astype(dt), v)
     attn = attn.reshape(b, t, n, hd)
     new_cache = (kk.swapaxes(1, 2), v.swapaxes(1, 2))  # [B, K, T, hd]
-    out = dense(attn, p("o_proj", (n, hd, d)), in_dims=2)
+    out = proj("o_proj", attn, (n, hd, d), in_dims=2)
     if cfg.o_bias:
       out = out + p("o_bias", (d,), zeros)
     x_btd = x_btd + out
 
     h = rms_norm(x_btd, self.param("post_attention_layernorm", ones, (d,), jnp.float32),
                  cfg.rms_norm_eps, dt)
-    gate = dense(h, p("gate_proj", (d, f)))
-    up = dense(h, p("up_proj", (d, f)))
-    x_btd = x_btd + dense(jax.nn.silu(gate) * up, p("down_proj", (f, d)))
+    gate = proj("gate_proj", h, (d, f))
+    up = proj("up_proj", h, (d, f))
+    x_btd = x_btd + proj("down_proj", jax.nn.silu(gate) * up, (f, d))
     return x_btd, new_cache
 
 
 def run_layers(config: ModelConfig, dtype, remat: bool, layer_params, x_btd, cos_bth, sin_bth,
-               mask_bts, attention_block: int = ATTENTION_BLOCK):
+               mask_bts, attention_block: int = ATTENTION_BLOCK,
+               lora_scale: Optional[float] = None):
   """The layer stack as a plain scan over `layer_params` ([L', ...] leaves).
 
   The same math as the scanned module inside `Transformer`; the pipeline runs one
   stage's slice of layers with it.
   """
-  layer = DecoderLayer(config, dtype, attention_block)
+  layer = DecoderLayer(config, dtype, attention_block, lora_scale)
 
   def body(x, p):
     return layer.apply({"params": p}, x, cos_bth, sin_bth, mask_bts, None, None)[0], None
@@ -280,6 +295,8 @@ class Transformer(nn.Module):
   layers_fn: Optional[Callable] = None
   activation_constraint: Optional[Callable] = None
   attention_block: int = ATTENTION_BLOCK  # query rows per block (`attention`): memory only
+  # LoRA's scale: the layers apply the adapters the params hold (rollx.models.lora)
+  lora_scale: Optional[float] = None
 
   @nn.compact
   def __call__(self, tokens_bt: Array, positions_bt: Array, mask_bts: Array,
@@ -300,7 +317,7 @@ class Transformer(nn.Module):
         layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
         in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast),
         length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"},
-    )(cfg, self.dtype, self.attention_block, name="layers")
+    )(cfg, self.dtype, self.attention_block, self.lora_scale, name="layers")
     if self.layers_fn is not None and cache is None and not self.is_initializing():
       x = self.layers_fn(self.variables["params"]["layers"], x, cos, sin, mask_bts)
       new_cache = (None, None)

@@ -40,6 +40,22 @@ PARAM_AXES: Dict[str, Tuple] = {
     "gate_proj": ("layers", "embed", "mlp"),
     "up_proj": ("layers", "embed", "mlp"),
     "down_proj": ("layers", "mlp", "embed"),
+    # LoRA adapters (rollx.models.lora): A takes its kernel's input split, B its output
+    # split, so h A and (h A) B shard as h W does; the rank axis is small and replicated.
+    "q_proj_lora_a": ("layers", "embed", None),
+    "q_proj_lora_b": ("layers", None, "heads", None),
+    "k_proj_lora_a": ("layers", "embed", None),
+    "k_proj_lora_b": ("layers", None, "kv_heads", None),
+    "v_proj_lora_a": ("layers", "embed", None),
+    "v_proj_lora_b": ("layers", None, "kv_heads", None),
+    "o_proj_lora_a": ("layers", "heads", None, None),
+    "o_proj_lora_b": ("layers", None, "embed"),
+    "gate_proj_lora_a": ("layers", "embed", None),
+    "gate_proj_lora_b": ("layers", None, "mlp"),
+    "up_proj_lora_a": ("layers", "embed", None),
+    "up_proj_lora_b": ("layers", None, "mlp"),
+    "down_proj_lora_a": ("layers", "mlp", None),
+    "down_proj_lora_b": ("layers", None, "embed"),
 }
 
 LOGICAL_RULES = {

@@ -39,7 +39,8 @@ def _unmicrobatch(x):
 
 def pipelined_layers(config: llm.ModelConfig, dtype, remat: bool, mesh: Mesh,
                      num_microbatches: int, layer_params, x_btd, cos_bth, sin_bth, mask_bts,
-                     attention_block: int = llm.ATTENTION_BLOCK):
+                     attention_block: int = llm.ATTENTION_BLOCK,
+                     lora_scale=None):
   """Drop-in for the layer stack (`Transformer.layers_fn`)."""
   s, m = mesh.shape[PIPELINE], num_microbatches
   b = x_btd.shape[0]
@@ -62,7 +63,8 @@ def pipelined_layers(config: llm.ModelConfig, dtype, remat: bool, mesh: Mesh,
   buffers = [stage_sharded(jnp.zeros((s,) + a.shape[1:], a.dtype)) for a in inputs]
   outputs = jnp.zeros_like(inputs[0])
   run_stage = jax.vmap(functools.partial(llm.run_layers, config, dtype, remat,
-                                         attention_block=attention_block),
+                                         attention_block=attention_block,
+                                         lora_scale=lora_scale),
                        spmd_axis_name=PIPELINE)
 
   def iteration(carry, i):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rollx.models import llm
+from rollx.models import llm, lora
 from rollx.parallel import partition
 from rollx.parallel.mesh import MESH_AXES
 from rollx.serving import compat
@@ -143,7 +143,10 @@ class RollxEngine(engine_api.Engine):
                        f"{max_prefill_length}")
     self.model, self.config = model, model.config
     self._mesh = mesh or Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1, 1), MESH_AXES)
-    self.params_holder = VersionedParams(self._place(params), version)
+    self._base = self._place(params)  # what adapters (lora.AdapterWeights) fold into
+    self.params_holder = VersionedParams(self._base, version)
+    self._merge = jax.jit(lora.merge, static_argnums=2,
+                          out_shardings=partition.param_shardings(self._base, self._mesh))
     self._slots = int(max_concurrent_decodes)
     self._prefill_batch = max(1, min(int(prefill_batch), self._slots))
     self._max_prefill = int(max_prefill_length)
@@ -208,8 +211,14 @@ class RollxEngine(engine_api.Engine):
     return jax.device_put(params, partition.param_shardings(params, self._mesh))
 
   def update_params(self, params, version: int) -> None:
-    """Swap in new weights; the next prefill / generate step uses them."""
-    self.params_holder.set(self._place(params), version)
+    """Swap in new weights; the next prefill / generate step uses them. `params` is a
+    whole params tree (the new base), or `lora.AdapterWeights`: adapters folded into the
+    base on device (merged once per sync, so a decode step costs what the base's does)."""
+    if isinstance(params, lora.AdapterWeights):
+      weights = self._merge(self._base, self._place(params.tensors), params.scale)
+    else:
+      weights = self._base = self._place(params)
+    self.params_holder.set(weights, version)
 
   @property
   def num_steps(self) -> int:

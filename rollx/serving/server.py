@@ -45,7 +45,7 @@ import numpy as np
 
 from rollx import models
 from rollx.errors import ConfigError
-from rollx.models import hf
+from rollx.models import hf, lora
 from rollx.parallel import mesh as mesh_lib
 from rollx.serving import (BEHAVIOUR_LOGP_KEY, END_TRAJECTORY_METHOD, PREFILL_VERSION_KEY,
                            REQUEST_ID_KEY, SAMPLING_KEY, SAMPLING_PARAMS_KEY, TRAJECTORY_KEY,
@@ -243,8 +243,10 @@ def engine_from_config(config: ml_collections.ConfigDict, params=None, version: 
   server_devices = mesh_lib.role_devices(infer.device_mapping, "actor_infer", devices)[:tp]
   mesh = mesh_lib.make_mesh(dict(dp_size=1, fsdp_size=1, pp_size=1, tp_size=tp),
                             role="actor_infer", devices=server_devices)
-  return RollxEngine(
-      loaded.model, loaded.params if params is None else params, version=version,
+  # a restarted server of a LoRA run gets the adapters: they fold into the base it loads
+  adapters = params if isinstance(params, lora.AdapterWeights) else None
+  engine = RollxEngine(
+      loaded.model, loaded.params if params is None or adapters else params, version=version,
       max_concurrent_decodes=s.max_concurrent_decodes, max_prefill_length=s.max_prefill_length,
       max_cache_length=s.max_cache_length, stop_token_ids=sorted(stops),
       sampling={"train": Sampling.from_generating_args(infer.generating_args),
@@ -252,6 +254,9 @@ def engine_from_config(config: ml_collections.ConfigDict, params=None, version: 
       hf_tokenizer=tokenizer, pad_id=tokenizer.pad_token_id or 0, mesh=mesh, seed=config.seed,
       reuse_kv=s.reuse_kv, keep_prefix_across_updates=s.keep_prefix_across_updates,
       prefix_cache_tokens=s.prefix_cache_tokens)
+  if adapters is not None:
+    engine.update_params(adapters, version)
+  return engine
 
 
 def server_from_config(config: ml_collections.ConfigDict, host: str = "127.0.0.1", port: int = 0,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from rollx import config as config_lib
 from rollx.config_check import Checker, is_int
+from rollx.errors import ConfigError
+from rollx.models import lora
 
 
 def check_model_and_training(c: Checker, role: str, w) -> None:
@@ -20,6 +22,11 @@ def check_model_and_training(c: Checker, role: str, w) -> None:
   if is_int(w.model_args.attention_block):
     c.rule(w.model_args.attention_block >= 0, f"{role}.model_args.attention_block",
            f"must be >= 0 (0: one dense softmax), got {w.model_args.attention_block}")
+  if role == "actor_train":
+    try:
+      lora.from_config(w.model_args.lora, f"{role}.model_args.lora")
+    except ConfigError as e:
+      c.errors.extend(e.errors)
   t = w.training_args
   c.choice(t, "lr_scheduler_type", f"{role}.training_args.lr_scheduler_type",
            config_lib.LR_SCHEDULERS)

@@ -16,6 +16,7 @@ of the initial policy on its own mesh, present only when a KL term is on.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any, Dict, Optional
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from rollx import models
 from rollx.algos import advantages as adv_lib, correction, kl as kl_lib, losses
-from rollx.models import hf
+from rollx.models import hf, lora as lora_lib
 from rollx.parallel import distributed, mesh as mesh_lib
 from rollx.rollout.types import RolloutBatch
 from rollx.trainer import packing as packing_lib
@@ -90,7 +91,12 @@ class Learner:
     # counted in updates would end before the run does.
     self.actor = actor_trainer(c, policy.config, self.mesh, c.max_steps)
     host_params = jax.device_get(policy.params)  # init_state donates what it is given
-    self.actor_state = self.actor.init_state(host_params)
+    start = lora_lib.check_adapter_dir(at.model_args.lora, policy.config)
+    if start is not None:  # training goes on from these adapters (the base: pretrain)
+      host_params = lora_lib.combine(host_params, start)
+    self.actor_state = self.actor.init_state(
+        host_params, jax.random.fold_in(jax.random.PRNGKey(c.seed), 1))
+    self.lora = self.actor.lora
     self.reference = self.ref_params = None
     if self.kl_on:
       ref = c.reference
@@ -101,7 +107,9 @@ class Learner:
         self.reference = Trainer(policy.config, ref, ref_mesh, loss_fn=None, total_steps=1,
                                  role="reference",
                                  temperature=correction.sampling_temperature(c))
-      self.ref_params = jax.device_put(host_params, self.reference.param_shardings)
+      if not (self.lora and self.reference is self.actor):  # else: the base (reference_params)
+        self.ref_params = jax.device_put(lora_lib.split(host_params)[0],
+                                         self.reference.param_shardings)
     self.critic = self.critic_state = None
     if self.use_critic:
       cw = c.critic
@@ -111,15 +119,32 @@ class Learner:
                             functools.partial(losses.critic_loss, lc), c.max_steps, head="value",
                             role="critic",
                             weight_fn=functools.partial(losses.loss_weight, lc.loss_agg_mode))
-      self.critic_state = self.critic.init_state(hf.critic_params_from_policy(host_params))
+      self.critic_state = self.critic.init_state(
+          hf.critic_params_from_policy(lora_lib.split(host_params)[0]))
     self.kl_ctrl = kl_lib.from_config(c)
     self.rng = jax.random.PRNGKey(c.seed)
     self.correction = correction.resolve(c)
 
   # -- weights and checkpoints -----------------------------------------------------------
   def host_params(self):
-    """The policy's params on host (multi-host: every process gathers)."""
+    """What a weight sync sends the servers, on host (multi-host: every process gathers):
+    the policy's params, or with adapters the adapters alone (`lora.AdapterWeights`:
+    the servers fold them into the base they loaded)."""
+    if self.lora:
+      return lora_lib.AdapterWeights(distributed.to_host(self.actor_state.params),
+                                     self.lora.scale)
     return distributed.to_host(self.actor_state.params)
+
+  def policy_params(self):
+    """The policy's whole params on host, adapters folded into the base."""
+    if self.lora:
+      return lora_lib.merge(distributed.to_host(self.actor_state.frozen),
+                            distributed.to_host(self.actor_state.params), self.lora.scale)
+    return distributed.to_host(self.actor_state.params)
+
+  def reference_params(self):
+    """The KL reference's params: with adapters, the actor's frozen base itself."""
+    return self.actor_state.frozen if self.ref_params is None else self.ref_params
 
   def lr(self, step: int) -> float:
     """The actor's learning rate at global step `step`."""
@@ -144,11 +169,17 @@ class Learner:
     if self.use_critic:
       self.critic_state = states["critic"]
 
-  def export(self, out_dir: str, tokenizer) -> str:
-    """The trained policy as a Hugging Face directory (transformers-loadable)."""
-    params = self.host_params()
+  def export(self, out_dir: str, tokenizer, base_model: str = "") -> str:
+    """The trained policy as a Hugging Face directory (transformers-loadable); with LoRA
+    the adapters folded in, and the adapters alone as a PEFT directory in
+    `out_dir/adapter` (for `peft` onto the base `base_model`)."""
+    params = self.policy_params()
+    adapters = distributed.to_host(self.actor_state.params) if self.lora else None
     if not distributed.is_coordinator():  # ... and process 0 writes
       return out_dir
+    if adapters is not None:
+      lora_lib.save_peft(adapters, self.lora, self.model_config,
+                         os.path.join(out_dir, "adapter"), base_model)
     return hf.save_pretrained(params, self.model_config, out_dir, tokenizer=tokenizer)
 
   # -- one step's learning ---------------------------------------------------------------
@@ -243,11 +274,12 @@ class Learner:
     # configs/sokoban.py:multiturn), a microbatch of 8 rows 0.8 GB.
     actor_rows, critic_rows = (rows // trainer.grad_accum if trainer else rows
                                for trainer in (self.actor, self.critic))
-    arrays["old_logp"] = self._chunked(self.actor.compute_logprobs, self.actor_state.params,
-                                       inputs, actor_rows)
+    arrays["old_logp"] = self._chunked(self.actor.compute_logprobs,
+                                       self.actor.model_params(self.actor_state), inputs,
+                                       actor_rows)
     if self.kl_on:
-      arrays["ref_logp"] = self._chunked(self.reference.compute_logprobs, self.ref_params,
-                                         inputs, actor_rows)
+      arrays["ref_logp"] = self._chunked(self.reference.compute_logprobs,
+                                         self.reference_params(), inputs, actor_rows)
     if self.use_critic:
       values_in = {k: arrays[k] for k in ("input_ids", "segment_ids")}
       arrays["old_values"] = self._chunked(self.critic.compute_values, self.critic_state.params,

@@ -1,4 +1,4 @@
-"""The train state (params + optimizer state + step), its optimizer, its shardings."""
+"""The train state (params + optimizer state + step, and frozen weights), its optimizer."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ class TrainState(flax.struct.PyTreeNode):
   # (the learner sets it to the global step, so the schedule spans the run's steps
   # however many updates each step makes).
   schedule_step: jax.Array
+  # Weights the step reads but never updates (no gradient, no optimizer state): the base
+  # model under LoRA adapters (rollx.models.lora), whose adapters are `params`; else None.
+  frozen: Any = None
 
 
 def lr_schedule(training_args, total_steps: int) -> optax.Schedule:
@@ -101,6 +104,6 @@ def make_optimizer(training_args) -> optax.GradientTransformation:
   return optax.chain(*chain)
 
 
-def new_state(params, tx: optax.GradientTransformation) -> TrainState:
+def new_state(params, tx: optax.GradientTransformation, frozen=None) -> TrainState:
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                    schedule_step=jnp.zeros((), jnp.int32))
+                    schedule_step=jnp.zeros((), jnp.int32), frozen=frozen)

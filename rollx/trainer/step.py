@@ -23,10 +23,11 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import optax
 
-from rollx.models import llm, logprobs
+from rollx.models import llm, logprobs, lora as lora_lib
 from rollx.parallel import partition
 from rollx.parallel import pipeline
 from rollx.parallel.mesh import BATCH_AXES, PIPELINE
@@ -61,15 +62,18 @@ class Trainer:
     dtype = llm.DTYPES[worker.model_args.dtype]
     remat = not worker.model_args.disable_gradient_checkpointing
     block = int(worker.model_args.attention_block)
+    # LoRA (rollx.models.lora): the state's params are the adapters, the base is frozen
+    self.lora = lora_lib.from_config(worker.model_args.get("lora"), f"{role}.model_args.lora")
+    scale = self.lora.scale if self.lora else None
     layers_fn = None
     if mesh.shape[PIPELINE] > 1:
       layers_fn = functools.partial(pipeline.pipelined_layers, model_config, dtype, remat, mesh,
                                     int(worker.strategy_args.num_microbatches),
-                                    attention_block=block)
+                                    attention_block=block, lora_scale=scale)
     residual = NamedSharding(mesh, P(BATCH_AXES, None, None))
     self.model = llm.make_model(
         model_config, worker.model_args.dtype, remat, head, layers_fn=layers_fn,
-        attention_block=block,
+        attention_block=block, lora_scale=scale,
         activation_constraint=functools.partial(jax.lax.with_sharding_constraint,
                                                 shardings=residual))
     self.tx = make_optimizer(worker.training_args)
@@ -78,29 +82,64 @@ class Trainer:
     # Shapes first (eval_shape: nothing allocated), then shardings from the rules.
     abstract_params = jax.eval_shape(
         lambda: llm.init_params(llm.make_model(model_config, head=head), jax.random.PRNGKey(0)))
-    self.param_shardings = partition.param_shardings(abstract_params, mesh)
-    abstract_state = jax.eval_shape(functools.partial(new_state, tx=self.tx), abstract_params)
+    abstract_frozen = None
+    if self.lora:
+      # The frozen matrices in the compute dtype: the model casts them to it where it uses
+      # them anyway (exact), so a bf16 run keeps 2 bytes per base weight, not 4. Norms and
+      # biases stay float32, as the model reads them.
+      abstract_frozen = jax.tree_util.tree_map_with_path(
+          lambda path, x: jax.ShapeDtypeStruct(
+              x.shape, x.dtype if path[-1].key.endswith(("norm", "_bias")) else dtype),
+          abstract_params)
+      abstract_params = jax.eval_shape(
+          lambda: lora_lib.init_adapters(abstract_frozen, self.lora, jax.random.PRNGKey(0)))
+    trainable = partition.param_shardings(abstract_params, mesh)
+    frozen = None if abstract_frozen is None else partition.param_shardings(abstract_frozen, mesh)
+    # the model's whole tree (base and adapters): what the log-prob and value passes take
+    self.param_shardings = trainable if frozen is None else lora_lib.combine(frozen, trainable)
+    abstract_state = jax.eval_shape(functools.partial(new_state, tx=self.tx), abstract_params,
+                                    frozen=abstract_frozen)
     self.state_shardings = TrainState(
-        step=NamedSharding(mesh, P()), params=self.param_shardings,
-        opt_state=partition.tree_shardings(abstract_state.opt_state, self.param_shardings, mesh),
-        schedule_step=NamedSharding(mesh, P()))
+        step=NamedSharding(mesh, P()), params=trainable,
+        opt_state=partition.tree_shardings(abstract_state.opt_state, trainable, mesh),
+        schedule_step=NamedSharding(mesh, P()), frozen=frozen)
     self.abstract_state = abstract_state
     self.num_traces = 0  # how often `update` was traced (tests: compiled once)
 
     rep = NamedSharding(mesh, P())
-    self._new_state = jax.jit(functools.partial(new_state, tx=self.tx),
-                              in_shardings=(self.param_shardings,),
-                              out_shardings=self.state_shardings, donate_argnums=0)
+    self._new_state = jax.jit(lambda params, frozen: new_state(params, self.tx, frozen),
+                              in_shardings=(trainable, frozen),
+                              out_shardings=self.state_shardings, donate_argnums=(0, 1))
     self.update = jax.jit(self._update, in_shardings=(self.state_shardings, None, rep),
                           out_shardings=(self.state_shardings, rep), donate_argnums=0)
-    self.compute_logprobs = jax.jit(self._logprobs, in_shardings=(self.param_shardings, None))
-    self.compute_values = jax.jit(self._values, in_shardings=(self.param_shardings, None))
+    # with adapters the passes also take the base tree alone (the KL reference): its
+    # arrays arrive sharded already, so no placement is pinned
+    params_in = None if self.lora else self.param_shardings
+    self.compute_logprobs = jax.jit(self._logprobs, in_shardings=(params_in, None))
+    self.compute_values = jax.jit(self._values, in_shardings=(params_in, None))
 
   # -- state -------------------------------------------------------------------
-  def init_state(self, params) -> TrainState:
-    """A sharded TrainState from host/device params (e.g. loaded from an HF dir)."""
-    params = jax.device_put(params, self.param_shardings)
-    return self._new_state(params)
+  def init_state(self, params, rng=None) -> TrainState:
+    """A sharded TrainState from host/device params (e.g. loaded from an HF dir). With
+    LoRA: `params` is the base, with or without adapters; without, fresh ones from `rng`."""
+    if not self.lora:
+      return self._new_state(jax.device_put(params, self.state_shardings.params), None)
+    base, adapters = lora_lib.split(params)
+    base = jax.tree.map(lambda x, like: np.asarray(x).astype(like.dtype), base,
+                        self.abstract_state.frozen)
+    base = jax.device_put(base, self.state_shardings.frozen)
+    if adapters:
+      adapters = jax.device_put(adapters, self.state_shardings.params)
+    else:
+      abstract = self.abstract_state.frozen
+      rng = jax.random.PRNGKey(0) if rng is None else rng
+      adapters = jax.jit(lambda r: lora_lib.init_adapters(abstract, self.lora, r),
+                         out_shardings=self.state_shardings.params)(rng)
+    return self._new_state(adapters, base)
+
+  def model_params(self, state: TrainState):
+    """The model's whole params tree of `state`: the base and its adapters (no copies)."""
+    return _whole(state.params, state.frozen)
 
   def batch_sharding(self, batch: Batch) -> Batch:
     return {k: jax.device_put(v, NamedSharding(self.mesh, P(BATCH_AXES, *([None] * (v.ndim - 1)))))
@@ -119,13 +158,14 @@ class Trainer:
     w = jax.lax.map(self.weight_fn, micro).astype(jnp.float32)
     return w / jnp.maximum(w.sum(), 1e-12)
 
-  def grads(self, params, batch: Batch, rng: jax.Array):
-    """Loss and gradients of the minibatch, accumulated over
-    `gradient_accumulation_steps` microbatches, each weighted by its share (the
+  def grads(self, params, batch: Batch, rng: jax.Array, frozen=None):
+    """Loss and gradients (of `params`, not of `frozen`) of the minibatch, accumulated
+    over `gradient_accumulation_steps` microbatches, each weighted by its share (the
     update's first half; traceable, for tests that compare gradients)."""
     k = self.grad_accum
     micro = self._micro(batch)
-    grad_fn = jax.value_and_grad(functools.partial(self.loss_fn, self.model), has_aux=True)
+    grad_fn = jax.value_and_grad(
+        lambda p, mb, r: self.loss_fn(self.model, _whole(p, frozen), mb, r), has_aux=True)
 
     def accumulate(carry, xs):
       grads_sum, loss_sum = carry
@@ -140,7 +180,7 @@ class Trainer:
 
   def _update(self, state: TrainState, batch: Batch, rng: jax.Array):
     self.num_traces += 1
-    loss, grads, aux = self.grads(state.params, batch, rng)
+    loss, grads, aux = self.grads(state.params, batch, rng, state.frozen)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     lr = self.lr_schedule(state.schedule_step)
     updates = jax.tree.map(lambda u: (u * lr).astype(u.dtype), updates)
@@ -148,13 +188,13 @@ class Trainer:
     metrics.update(jax.tree.map(lambda a: a.mean(), aux))
     if self.trust_region is not None:
       updates, tr_metrics = self._trust_region(state.params, updates, batch,
-                                               metrics["approx_kl"])
+                                               metrics["approx_kl"], state.frozen)
       metrics.update(tr_metrics)
     params = optax.apply_updates(state.params, updates)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                          schedule_step=state.schedule_step + 1), metrics
 
-  def _trust_region(self, params, updates, batch: Batch, kl_before: jax.Array):
+  def _trust_region(self, params, updates, batch: Batch, kl_before: jax.Array, frozen=None):
     """Scale `updates` so the policy's KL from the rollout policy on this minibatch ends
     at most about `max_kl` (returns the scaled updates and their metrics).
 
@@ -176,7 +216,8 @@ class Trainer:
     shares = self._weights(micro)
 
     def kl_at(scale):
-      moved = jax.tree.map(lambda p, u: p + (u * scale).astype(p.dtype), params, updates)
+      moved = _whole(jax.tree.map(lambda p, u: p + (u * scale).astype(p.dtype), params,
+                                  updates), frozen)
       return (jax.lax.map(lambda mb: kl_fn(self.model, moved, mb), micro) * shares).sum()
 
     room = jnp.maximum(max_kl - kl_before, 0.0)
@@ -206,3 +247,8 @@ class Trainer:
 
   def _values(self, params, batch: Batch):
     return logprobs.compute_values(self.model, params, batch["input_ids"], batch.get("segment_ids"))
+
+
+def _whole(params, frozen):
+  """The model's params tree: `params` alone, or the frozen base with `params` its adapters."""
+  return params if frozen is None else lora_lib.combine(frozen, params)

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from rollx import config as config_lib
-from rollx.models import llm, logprobs
+from rollx.models import llm, logprobs, lora
 from rollx.parallel import partition
 from rollx.parallel import mesh as mesh_lib, pipeline
 from rollx.trainer import packing
@@ -44,7 +44,9 @@ def value_loss(model, params, batch, rng):
   return logprobs.masked_mean((values - batch["returns"]) ** 2, batch["response_mask"]), {}
 
 
-LOSSES = {"lm": policy_loss, "value": value_loss}
+# "lora": the LM head's loss on LoRA adapters of every projection (rollx.models.lora)
+LOSSES = {"lm": policy_loss, "value": value_loss, "lora": policy_loss}
+LORA = dict(rank=4, alpha=8.0)
 
 
 def make_batch(b=B, t=T, seed=0):
@@ -62,14 +64,22 @@ def make_batch(b=B, t=T, seed=0):
 
 @functools.lru_cache(maxsize=None)
 def initial_params(head):
+  if head == "lora":  # the base with adapters whose B is not zero: every gradient moves
+    base = initial_params("lm")
+    adapters = lora.init_adapters(base, lora.from_config(worker(lora_rank=4).model_args.lora),
+                                  jax.random.PRNGKey(2))
+    adapters = jax.tree.map(lambda x: np.asarray(x) + np.random.default_rng(3).normal(
+        scale=0.1, size=x.shape).astype(np.float32), adapters)
+    return lora.combine(base, adapters)
   params = jax.device_get(llm.init_params(llm.make_model(CFG, head=head), jax.random.PRNGKey(0)))
   if head == "value":  # a zero value head would zero every trunk gradient
     params["value_head"] = np.random.default_rng(1).normal(size=CFG.hidden_size).astype(np.float32)
   return params
 
 
-def worker(dp=1, fsdp=1, tp=1, pp=1, microbatches=1, grad_accum=1):
+def worker(dp=1, fsdp=1, tp=1, pp=1, microbatches=1, grad_accum=1, lora_rank=0):
   w = config_lib.default_config().actor_train
+  w.model_args.lora.update(LORA, rank=lora_rank)
   w.strategy_args.update(dp_size=dp, fsdp_size=fsdp, tp_size=tp, pp_size=pp,
                          num_microbatches=microbatches)
   w.training_args.update(learning_rate=1e-2, gradient_accumulation_steps=grad_accum,
@@ -83,13 +93,15 @@ def worker(dp=1, fsdp=1, tp=1, pp=1, microbatches=1, grad_accum=1):
 
 def run(w, head, devices, steps=2):
   mesh = mesh_lib.make_mesh(w.strategy_args, devices=devices)
-  trainer = Trainer(CFG, w, mesh, LOSSES[head], total_steps=10, head=head)
+  trainer = Trainer(CFG, w, mesh, LOSSES[head], total_steps=10,
+                    head="value" if head == "value" else "lm")
   state = trainer.init_state(initial_params(head))
   batch = trainer.batch_sharding({k: jnp.asarray(v) for k, v in make_batch().items()})
   rng = jax.random.PRNGKey(1)
-  loss, grads, _ = jax.jit(trainer.grads)(state.params, batch, rng)
-  logp = trainer.compute_logprobs(state.params, batch)[0] if head == "lm" else \
-      trainer.compute_values(state.params, batch)
+  loss, grads, _ = jax.jit(trainer.grads)(state.params, batch, rng, state.frozen)
+  whole = trainer.model_params(state)
+  logp = trainer.compute_values(whole, batch) if head == "value" else \
+      trainer.compute_logprobs(whole, batch)[0]
   metrics = []
   for _ in range(steps):
     state, m = trainer.update(state, batch, rng)
@@ -100,7 +112,7 @@ def run(w, head, devices, steps=2):
 
 @functools.lru_cache(maxsize=None)
 def reference(head):
-  return run(worker(), head, jax.devices()[:1])
+  return run(worker(lora_rank=4 if head == "lora" else 0), head, jax.devices()[:1])
 
 
 MESHES = {
@@ -123,23 +135,33 @@ def assert_same_step(got, ref):
     assert rel_err(a, b) < 1e-5, path
 
 
-# every mesh with the LM head; the value head (one vector more, its own rule) on the
-# meshes that shard it (fsdp) and that split the trunk every way (dp, tp, pp)
+# every mesh with the LM head; the value head (one vector more, its own rule) and LoRA
+# adapters (their own rules, a frozen base) on the meshes that shard them (fsdp, tp) and
+# that split the trunk every way (dp, tp, pp)
 @pytest.mark.parametrize("mesh_name, head", [
     *((name, "lm") for name in sorted(MESHES)), ("fsdp4_tp2", "value"),
-    ("dp2_tp2_pp2", "value")])
+    ("dp2_tp2_pp2", "value"), ("fsdp4_tp2", "lora"), ("dp2_tp2_pp2", "lora")])
 def test_sharded_step_equals_single_device(mesh_name, head):
   ref = reference(head)
-  got = run(worker(**MESHES[mesh_name]), head, jax.devices())
+  got = run(worker(**MESHES[mesh_name], lora_rank=4 if head == "lora" else 0), head,
+            jax.devices())
   assert_same_step(got, ref)
   trainer, state = got["trainer"], got["state"]
   assert trainer.num_traces == 1  # two steps, one compilation
   mesh = trainer.mesh
-  for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(
+      trainer.model_params(state))[0]:  # (with LoRA: the frozen base and the adapters)
     expected = partition.spec_for(path[-1].key, leaf.shape, mesh)
     assert leaf.sharding.spec == expected and leaf.sharding.mesh == mesh, path
+  kernel = "q_proj_lora_b" if head == "lora" else "q_proj"
   mu = state.opt_state[1][0].mu  # clip -> adamw: (ScaleByAdamState, ...)
-  assert mu["layers"]["q_proj"].sharding.spec == state.params["layers"]["q_proj"].sharding.spec
+  assert mu["layers"][kernel].sharding.spec == state.params["layers"][kernel].sharding.spec
+  if head == "lora":  # the base is frozen: no optimizer state, bitwise unchanged
+    assert sorted(mu["layers"]) == sorted(state.params["layers"]) == sorted(
+        f"{n}{s}" for n in lora.PROJECTIONS for s in (lora.SUFFIX_A, lora.SUFFIX_B))
+    base = lora.split(initial_params("lora"))[0]
+    for a, b in zip(jax.tree.leaves(jax.device_get(state.frozen)), jax.tree.leaves(base)):
+      np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("mesh_name", ["fsdp4_tp2", "dp2_tp2_pp2"])
@@ -197,6 +219,12 @@ def test_rules_place_megatron_and_fsdp_axes():
   assert shard("embed_tokens", (96, 32)) == P("tensor", "fsdp")
   assert shard("embed_tokens", (97, 32)) == P(None, "fsdp")  # odd vocab: replicated
   assert shard("norm", (32,)) == P(None)
+  # LoRA: A takes its kernel's input split, B its output split, the rank replicated
+  assert shard("q_proj_lora_a", (4, 32, 8)) == P("pipeline", "fsdp", None)
+  assert shard("q_proj_lora_b", (4, 8, 4, 8)) == P("pipeline", None, "tensor", None)
+  assert shard("o_proj_lora_a", (4, 4, 8, 8)) == P("pipeline", "tensor", None, None)
+  assert shard("o_proj_lora_b", (4, 8, 32)) == P("pipeline", None, "fsdp")
+  assert shard("down_proj_lora_a", (4, 64, 8)) == P("pipeline", "tensor", None)
 
 
 @pytest.mark.parametrize("m_factor", [1, 4])  # one microbatch per stage, and four
