@@ -171,8 +171,8 @@ class AdapterWeights(NamedTuple):
 
 
 def nbytes(tree) -> int:
-  """Bytes of a tree's arrays (a weight sync's payload)."""
-  return sum(int(np.asarray(x).nbytes) for x in jax.tree_util.tree_leaves(tree))
+  """Bytes of a tree's arrays (a weight sync's payload; AdapterWeights' scale is no array)."""
+  return sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "nbytes"))
 
 
 # -- PEFT adapter directories (adapter_config.json + adapter_model.safetensors) --------------
@@ -238,17 +238,16 @@ def load_peft(adapter_dir: str, cfg) -> Tuple[Dict[str, Any], LoraConfig]:
   tensors = load_file(os.path.join(adapter_dir, PEFT_WEIGHTS))
   from rollx.models import llm
   base = jax.eval_shape(lambda: llm.init_params(llm.make_model(cfg), jax.random.PRNGKey(0)))
+  like = jax.eval_shape(lambda: init_adapters(base, lora, jax.random.PRNGKey(0)))["layers"]
   layers = {}
   for name in lora.targets:
-    shape = base["layers"][name].shape[1:]
-    in_shape, out_shape = shape[:INPUT_AXES.get(name, 1)], shape[INPUT_AXES.get(name, 1):]
     a_rows, b_rows = [], []
     for i in range(cfg.num_layers):
       key_a, key_b = _peft_names(cfg, name, i)
       if key_a not in tensors or key_b not in tensors:
         raise CheckpointError(f"{adapter_dir}: no {key_a} / {key_b}")
-      a_rows.append(tensors[key_a].T.reshape(*in_shape, lora.rank))
-      b_rows.append(tensors[key_b].T.reshape(lora.rank, *out_shape))
+      a_rows.append(tensors[key_a].T.reshape(like[name + SUFFIX_A].shape[1:]))
+      b_rows.append(tensors[key_b].T.reshape(like[name + SUFFIX_B].shape[1:]))
     layers[name + SUFFIX_A] = np.stack(a_rows).astype(np.float32)
     layers[name + SUFFIX_B] = np.stack(b_rows).astype(np.float32)
   return {"layers": layers}, lora

@@ -2,6 +2,7 @@
 PEFT directories against peft + transformers, the learner's frozen base and reference,
 and the adapters-only weight sync a server folds into its base."""
 
+import os
 import types
 
 import jax
@@ -14,6 +15,7 @@ import transformers
 from rollx import checks, config as config_lib, models
 from rollx.errors import ConfigError
 from rollx.models import lora, llm
+from tests.conftest import ROOT
 from tests.hf_fixtures import make_hf_model
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -104,7 +106,7 @@ def test_peft_loads_the_adapter_directory_onto_transformers_with_rollx_logits(
 
 def test_lora_keys_are_checked_and_named():
   def errors(**lora_keys):
-    c = config_lib.load_file("configs/frozenlake.py")
+    c = config_lib.load_file(os.path.join(ROOT, "configs", "frozenlake.py"))
     for dotted, value in lora_keys.items():
       role, key = dotted.split("__")
       c[role].model_args.lora[key] = value
